@@ -1,0 +1,15 @@
+// Subcommands of the `knnserve` tool. Each module registers its own commands; the callbacks
+// return the process exit code through CLI11's CLI::RuntimeError.
+#ifndef KNNSERVE_CLIENT_CLI_COMMANDS_H_
+#define KNNSERVE_CLIENT_CLI_COMMANDS_H_
+
+#include "CLI/CLI.hpp"
+
+namespace knnserve::cli {
+
+// Every Register* function adds one subcommand (with its own subcommands) to `app`.
+// (Modules append their declarations here.)
+
+}  // namespace knnserve::cli
+
+#endif  // KNNSERVE_CLIENT_CLI_COMMANDS_H_

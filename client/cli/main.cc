@@ -1,0 +1,21 @@
+// knnserve: the command-line tool for building datastores and indexes, training and running
+// the NMT model, and translating with kNN-MT. Servers are separate executables
+// (knnserve-shard, knnserve-router) that never link LibTorch.
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "client/cli/commands.h"
+
+#ifndef KNNSERVE_VERSION
+#define KNNSERVE_VERSION "unknown"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"knnserve " KNNSERVE_VERSION
+               ": kNN machine translation with a sharded retrieval service"};
+  app.set_version_flag("--version", KNNSERVE_VERSION);
+  app.require_subcommand(1);
+  // Modules register their subcommands here, one call each.
+  CLI11_PARSE(app, argc, argv);
+  return 0;
+}

@@ -1,0 +1,158 @@
+#include "common/request.h"
+
+#include <cmath>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/wire.h"
+
+namespace knnserve {
+namespace {
+
+constexpr int64_t kEnvelopeBytes = 64 << 10;
+
+absl::Status ValidateQueryShape(const v1::Matrix& queries, const IndexShape& shape,
+                                const RequestLimits& limits) {
+  if (queries.cols() != shape.dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "queries: ", queries.cols(), " columns, but the index dimension is ", shape.dim));
+  }
+  if (queries.rows() < 1 || queries.rows() > limits.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("queries: ", queries.rows(),
+                                                   " rows; must be 1..", limits.max_rows));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows,
+                               size_t num_groups) {
+  if (static_cast<int64_t>(row_group.size()) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("row_group: ", row_group.size(),
+                                                   " entries for ", rows, " query rows"));
+  }
+  for (size_t i = 0; i < row_group.size(); ++i) {
+    if (row_group[i] < 0 || static_cast<size_t>(row_group[i]) >= num_groups) {
+      return absl::InvalidArgumentError(absl::StrCat("row_group[", i, "] = ", row_group[i],
+                                                     " is not a group index in [0, ",
+                                                     num_groups, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t RequestLimits::MaxMessageBytes(int dim) const {
+  const int64_t query_bytes = int64_t{max_rows} * dim * 4;
+  const int64_t subset_bytes = int64_t{max_rows} * max_subset_sentences * 10;  // varints
+  const int64_t result_bytes = int64_t{max_rows} * max_k * (4 + 10 + 5);
+  return std::max({query_bytes, subset_bytes, result_bytes}) + kEnvelopeBytes;
+}
+
+void RequestLimits::ToProto(int dim, v1::Limits* limits) const {
+  limits->set_max_k(max_k);
+  limits->set_max_rows(max_rows);
+  limits->set_max_subset_sentences(max_subset_sentences);
+  limits->set_max_message_bytes(MaxMessageBytes(dim));
+}
+
+absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits) {
+  if (params.k() < 1 || params.k() > limits.max_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params.k = ", params.k(), "; must be 1..", limits.max_k));
+  }
+  if (params.nprobe() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params.nprobe = ", params.nprobe(), "; must be >= 0 (0 = default)"));
+  }
+  if (params.ef_search() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.ef_search = ", params.ef_search(), "; must be >= 0 (0 = default)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SubsetGroups> ParseSubsetGroups(
+    const google::protobuf::RepeatedPtrField<v1::SubsetGroup>& groups, const IndexShape& shape,
+    const RequestLimits& limits) {
+  if (!groups.empty() && shape.num_sentences == 0) {
+    return absl::FailedPreconditionError(
+        "subset search requested, but this index holds no subset codes");
+  }
+  if (groups.size() > limits.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "subset_groups: ", groups.size(), " groups; at most ", limits.max_rows));
+  }
+  SubsetGroups parsed;
+  parsed.reserve(groups.size());
+  absl::flat_hash_set<int64_t> seen;
+  for (int g = 0; g < groups.size(); ++g) {
+    const auto& ids = groups[g].sentence_ids();
+    if (ids.empty() || ids.size() > limits.max_subset_sentences) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("subset_groups[", g, "]: ", ids.size(), " sentences; must be 1..",
+                       limits.max_subset_sentences));
+    }
+    seen.clear();
+    for (int i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= shape.num_sentences) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("subset_groups[", g, "].sentence_ids[", i, "] = ", ids[i],
+                         " is not a sentence id in [0, ", shape.num_sentences, ")"));
+      }
+      if (!seen.insert(ids[i]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "subset_groups[", g, "]: sentence id ", ids[i], " appears more than once"));
+      }
+    }
+    parsed.emplace_back(ids.begin(), ids.end());
+  }
+  return parsed;
+}
+
+absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
+  const float* data = m.data();
+  for (int64_t i = 0; i < m.size(); ++i) {
+    if (!std::isfinite(data[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / m.cols(), "][",
+                                                     i % m.cols(), "] is ", data[i],
+                                                     "; queries must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SearchQuery> ParseSearchRequest(
+    const v1::SearchRequest& request, const IndexShape& shape, const RequestLimits& limits,
+    std::shared_ptr<const SubsetGroups> session_groups) {
+  if (!request.has_queries()) return absl::InvalidArgumentError("queries: missing");
+  RETURN_IF_ERROR(ValidateQueryShape(request.queries(), shape, limits));
+  RETURN_IF_ERROR(ValidateParams(request.params(), limits));
+  SearchQuery query;
+  ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
+  RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+  query.params.k = request.params().k();
+  query.params.nprobe = request.params().nprobe();
+  query.params.ef_search = request.params().ef_search();
+
+  if (request.subset_groups_size() > 0) {
+    ASSIGN_OR_RETURN(SubsetGroups groups,
+                     ParseSubsetGroups(request.subset_groups(), shape, limits));
+    query.subset_groups = std::make_shared<const SubsetGroups>(std::move(groups));
+  } else {
+    query.subset_groups = std::move(session_groups);
+  }
+  if (query.is_subset()) {
+    query.row_group.assign(request.row_group().begin(), request.row_group().end());
+    RETURN_IF_ERROR(ValidateRowGroups(query.row_group, query.queries.rows(),
+                                      query.subset_groups->size()));
+  } else if (request.row_group_size() > 0) {
+    return absl::InvalidArgumentError("row_group given without subset_groups");
+  }
+  query.allow_partial = request.allow_partial();
+  query.request_id = request.request_id();
+  return query;
+}
+
+}  // namespace knnserve

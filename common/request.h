@@ -1,0 +1,72 @@
+// Validation at the edge: turns a v1::SearchRequest into a SearchQuery, or INVALID_ARGUMENT
+// with a message that names what was wrong. Shards and routers both call it before any work.
+#ifndef KNNSERVE_COMMON_REQUEST_H_
+#define KNNSERVE_COMMON_REQUEST_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/matrix.h"
+#include "common/search_types.h"
+#include "knnserve/v1/retrieval.pb.h"
+
+namespace knnserve {
+
+// What a server accepts. Defaults are the protocol's documented defaults.
+struct RequestLimits {
+  int max_k = 1024;
+  int max_rows = 4096;
+  int max_subset_sentences = 65536;
+
+  // The largest request or response message for index dimension `dim`: a full fp32 query
+  // matrix, or max_rows subset groups of max_subset_sentences ids, or a full result, plus
+  // 64 KiB for the envelope. Servers pass it to gRPC as the max message size.
+  int64_t MaxMessageBytes(int dim) const;
+  void ToProto(int dim, v1::Limits* limits) const;
+};
+
+// The shape of what is being searched, as far as validation needs it.
+struct IndexShape {
+  int dim = 0;
+  int64_t num_sentences = 0;  // 0 when the index holds no subset codes
+};
+
+// For each subset group, the datastore sentence ids it may match (distinct, in range).
+using SubsetGroups = std::vector<std::vector<int64_t>>;
+
+// A validated request.
+struct SearchQuery {
+  Matrix<float> queries;  // rows x dim, finite
+  SearchParams params;
+  // Subset search when set: row_group[i] (queries.rows() entries) indexes *subset_groups.
+  // Shared so that the steps of a stream reuse the session's groups without copying them.
+  std::shared_ptr<const SubsetGroups> subset_groups;
+  std::vector<int32_t> row_group;
+  bool allow_partial = false;
+  std::string request_id;
+
+  bool is_subset() const { return subset_groups != nullptr; }
+};
+
+// Validates and decodes `request`. `session_groups`, when set, are the groups a stream declared
+// in its setup message; a step with no groups of its own then refers to them.
+absl::StatusOr<SearchQuery> ParseSearchRequest(
+    const v1::SearchRequest& request, const IndexShape& shape, const RequestLimits& limits,
+    std::shared_ptr<const SubsetGroups> session_groups = nullptr);
+
+// The pieces ParseSearchRequest is made of, for stream setup messages.
+absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits);
+absl::StatusOr<SubsetGroups> ParseSubsetGroups(
+    const google::protobuf::RepeatedPtrField<v1::SubsetGroup>& groups, const IndexShape& shape,
+    const RequestLimits& limits);
+// INVALID_ARGUMENT naming the first NaN/Inf (row and column).
+absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_REQUEST_H_

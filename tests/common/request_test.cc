@@ -1,0 +1,174 @@
+#include "common/request.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "common/status_matchers.h"
+#include "common/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace knnserve {
+namespace {
+
+using ::knnserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int kDim = 8;
+const IndexShape kShape{kDim, /*num_sentences=*/100};
+const RequestLimits kLimits;
+
+template <typename Field>
+void AddAll(Field* field, std::initializer_list<typename Field::value_type> values) {
+  for (auto v : values) field->Add(v);
+}
+
+v1::SearchRequest ValidRequest(int rows = 3) {
+  v1::SearchRequest request;
+  Matrix<float> queries(rows, kDim);
+  for (int64_t i = 0; i < queries.size(); ++i) queries.data()[i] = 0.25f * i;
+  EncodeMatrix(queries.view(), v1::DTYPE_FP32, request.mutable_queries());
+  request.mutable_params()->set_k(16);
+  return request;
+}
+
+v1::SearchRequest ValidSubsetRequest() {
+  v1::SearchRequest request = ValidRequest(3);
+  AddAll(request.add_subset_groups()->mutable_sentence_ids(), {1, 5, 99});
+  AddAll(request.add_subset_groups()->mutable_sentence_ids(), {0});
+  AddAll(request.mutable_row_group(), {0, 0, 1});
+  return request;
+}
+
+TEST(ParseSearchRequest, AcceptsAFullSearch) {
+  ASSERT_OK_AND_ASSIGN(SearchQuery query, ParseSearchRequest(ValidRequest(), kShape, kLimits));
+  EXPECT_EQ(query.queries.rows(), 3);
+  EXPECT_EQ(query.queries.cols(), kDim);
+  EXPECT_EQ(query.queries.at(1, 0), 0.25f * kDim);
+  EXPECT_EQ(query.params.k, 16);
+  EXPECT_FALSE(query.is_subset());
+}
+
+TEST(ParseSearchRequest, AcceptsASubsetSearch) {
+  ASSERT_OK_AND_ASSIGN(SearchQuery query,
+                       ParseSearchRequest(ValidSubsetRequest(), kShape, kLimits));
+  ASSERT_TRUE(query.is_subset());
+  EXPECT_EQ(*query.subset_groups, (SubsetGroups{{1, 5, 99}, {0}}));
+  EXPECT_EQ(query.row_group, (std::vector<int32_t>{0, 0, 1}));
+}
+
+TEST(ParseSearchRequest, StreamStepsReuseTheSessionGroups) {
+  auto session = std::make_shared<const SubsetGroups>(SubsetGroups{{3}, {4, 5}});
+  v1::SearchRequest step = ValidRequest(2);
+  AddAll(step.mutable_row_group(), {1, 0});
+  ASSERT_OK_AND_ASSIGN(SearchQuery query, ParseSearchRequest(step, kShape, kLimits, session));
+  EXPECT_EQ(query.subset_groups, session);  // shared, not copied
+  EXPECT_EQ(query.row_group, (std::vector<int32_t>{1, 0}));
+}
+
+// Every malformed request is rejected with INVALID_ARGUMENT (or FAILED_PRECONDITION) and a
+// message of its own that names the offending field.
+struct BadCase {
+  std::string name;
+  std::function<void(v1::SearchRequest*)> corrupt;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+class ParseSearchRequestRejects : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ParseSearchRequestRejects, WithItsOwnMessage) {
+  v1::SearchRequest request = ValidSubsetRequest();
+  GetParam().corrupt(&request);
+  IndexShape shape = kShape;
+  if (GetParam().name == "SubsetWithoutCodes") shape.num_sentences = 0;
+  EXPECT_THAT(ParseSearchRequest(request, shape, kLimits),
+              StatusIs(GetParam().code, HasSubstr(GetParam().message)));
+}
+
+const auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+INSTANTIATE_TEST_SUITE_P(
+    BadRequests, ParseSearchRequestRejects,
+    ::testing::Values(
+        BadCase{"MissingQueries", [](auto* r) { r->clear_queries(); }, kInvalid,
+                "queries: missing"},
+        BadCase{"WrongDimension",
+                [](auto* r) {
+                  Matrix<float> m(3, kDim + 1);
+                  EncodeMatrix(m.view(), v1::DTYPE_FP32, r->mutable_queries());
+                },
+                kInvalid, "9 columns, but the index dimension is 8"},
+        BadCase{"ZeroRows",
+                [](auto* r) {
+                  r->mutable_queries()->set_rows(0);
+                  r->mutable_queries()->clear_data();
+                },
+                kInvalid, "queries: 0 rows; must be 1..4096"},
+        BadCase{"TooManyRows", [](auto* r) { r->mutable_queries()->set_rows(5000); },
+                kInvalid, "queries: 5000 rows; must be 1..4096"},
+        BadCase{"UnknownDtype",
+                [](auto* r) { r->mutable_queries()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+                kInvalid, "dtype DTYPE_UNSPECIFIED"},
+        BadCase{"ByteLengthMismatch",
+                [](auto* r) { r->mutable_queries()->mutable_data()->resize(10); }, kInvalid,
+                "data holds 10 bytes but 3 x 8 DTYPE_FP32 needs 96"},
+        BadCase{"Fp16BytesLabelledFp32",
+                [](auto* r) { r->mutable_queries()->set_dtype(v1::DTYPE_FP16); }, kInvalid,
+                "data holds 96 bytes but 3 x 8 DTYPE_FP16 needs 48"},
+        BadCase{"NaN",
+                [](auto* r) {
+                  Matrix<float> m(3, kDim);
+                  m.at(2, 5) = std::nanf("");
+                  EncodeMatrix(m.view(), v1::DTYPE_FP32, r->mutable_queries());
+                },
+                kInvalid, "queries[2][5] is nan"},
+        BadCase{"Inf",
+                [](auto* r) {
+                  Matrix<float> m(3, kDim);
+                  m.at(0, 1) = -INFINITY;
+                  EncodeMatrix(m.view(), v1::DTYPE_FP16, r->mutable_queries());
+                },
+                kInvalid, "queries[0][1] is -inf"},
+        BadCase{"KZero", [](auto* r) { r->mutable_params()->set_k(0); }, kInvalid,
+                "params.k = 0; must be 1..1024"},
+        BadCase{"KTooLarge", [](auto* r) { r->mutable_params()->set_k(1025); }, kInvalid,
+                "params.k = 1025"},
+        BadCase{"NegativeNprobe", [](auto* r) { r->mutable_params()->set_nprobe(-1); },
+                kInvalid, "params.nprobe = -1"},
+        BadCase{"NegativeEfSearch", [](auto* r) { r->mutable_params()->set_ef_search(-2); },
+                kInvalid, "params.ef_search = -2"},
+        BadCase{"UnknownSentence",
+                [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 100); },
+                kInvalid, "subset_groups[0].sentence_ids[1] = 100 is not a sentence id"},
+        BadCase{"NegativeSentence",
+                [](auto* r) { r->mutable_subset_groups(1)->set_sentence_ids(0, -3); },
+                kInvalid, "subset_groups[1].sentence_ids[0] = -3"},
+        BadCase{"DuplicateSentence",
+                [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 1); },
+                kInvalid, "sentence id 1 appears more than once"},
+        BadCase{"EmptyGroup", [](auto* r) { r->mutable_subset_groups(1)->clear_sentence_ids(); },
+                kInvalid, "subset_groups[1]: 0 sentences"},
+        BadCase{"RowGroupTooShort", [](auto* r) { r->mutable_row_group()->RemoveLast(); },
+                kInvalid, "row_group: 2 entries for 3 query rows"},
+        BadCase{"RowGroupOutOfRange", [](auto* r) { r->set_row_group(2, 2); }, kInvalid,
+                "row_group[2] = 2 is not a group index in [0, 2)"},
+        BadCase{"RowGroupWithoutSubset", [](auto* r) { r->clear_subset_groups(); }, kInvalid,
+                "row_group given without subset_groups"},
+        BadCase{"SubsetWithoutCodes", [](auto*) {}, absl::StatusCode::kFailedPrecondition,
+                "holds no subset codes"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(RequestLimits, MessageSizeCoversAFullQueryMatrix) {
+  EXPECT_GE(kLimits.MaxMessageBytes(1024), int64_t{4096} * 1024 * 4);
+  v1::Limits limits;
+  kLimits.ToProto(512, &limits);
+  EXPECT_EQ(limits.max_k(), 1024);
+  EXPECT_EQ(limits.max_message_bytes(), kLimits.MaxMessageBytes(512));
+}
+
+}  // namespace
+}  // namespace knnserve
