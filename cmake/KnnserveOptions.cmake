@@ -26,6 +26,9 @@ if(KNNSERVE_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   add_compile_definitions(KNNSERVE_WITH_CUDA=1)
 endif()
+# Every library with CUDA sources adds itself here (add_dependencies(knnserve_cuda_all lib)), so
+# CI can compile all CUDA code without building the rest.
+add_custom_target(knnserve_cuda_all)
 
 # Shard and router images stay small: fail the configure step if an executable that must not
 # link LibTorch does (directly or through a library).
