@@ -15,7 +15,10 @@ using ::testing::HasSubstr;
 class ProgressBarTest : public ::testing::Test {
  protected:
   void SetUp() override { out_ = open_memstream(&buffer_, &size_); }
-  void TearDown() override { std::free(buffer_); }
+  void TearDown() override {
+    if (out_ != nullptr) std::fclose(out_);
+    std::free(buffer_);
+  }
 
   std::string Output() {
     std::fflush(out_);
