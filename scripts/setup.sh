@@ -38,7 +38,7 @@ install_packages() {
       --no-install-recommends "${missing[@]}"
   fi
   # OpenBLAS's pthread build fights faiss's OpenMP threads (k-means 3x slower, see
-  # docs/toolchain.md): select the OpenMP build for libblas/liblapack.
+  # docs/build.md): select the OpenMP build for libblas/liblapack.
   local arch
   arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
   for lib in libblas.so.3 liblapack.so.3; do
