@@ -1,0 +1,353 @@
+#include "server/router.h"
+
+#include <algorithm>
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/topk.h"
+#include "common/wire.h"
+#include "shard/log.h"
+
+namespace knnserve {
+
+// Router channels accept the largest messages the limits allow for indexes up to this
+// dimension (the router learns the real dimension from the shards only after it starts).
+constexpr int kRouterMaxDim = 4096;
+
+struct Router::Topology {
+  IndexShape shape;
+  Metric metric = Metric::kL2;
+  v1::InfoResponse info;  // aggregated; limits are added by the service
+  // Per shard (in shards_ order): what it serves.
+  std::vector<v1::ShardInfo> ranges;
+};
+
+namespace {
+
+std::shared_ptr<const v1::SearchRequest> ShardRequest(const SearchQuery& query) {
+  auto request = std::make_shared<v1::SearchRequest>();
+  EncodeMatrix(query.queries.view(), v1::DTYPE_FP32, request->mutable_queries());
+  request->mutable_params()->set_k(query.params.k);
+  request->mutable_params()->set_nprobe(query.params.nprobe);
+  request->mutable_params()->set_ef_search(query.params.ef_search);
+  if (query.is_subset()) {
+    for (const std::vector<int64_t>& group : *query.subset_groups) {
+      request->add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+    }
+    request->mutable_row_group()->Assign(query.row_group.begin(), query.row_group.end());
+  }
+  request->set_request_id(query.request_id);
+  return request;
+}
+
+// Whether a shard's failure leaves a gap (reported in Coverage, tolerated with allow_partial)
+// rather than being the caller's fault (then every shard would say the same: pass it on).
+bool IsGap(absl::StatusCode code) {
+  return code != absl::StatusCode::kInvalidArgument &&
+         code != absl::StatusCode::kFailedPrecondition &&
+         code != absl::StatusCode::kResourceExhausted;
+}
+
+v1::DegradedReason ReasonFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+      return v1::DEGRADED_REASON_TIMEOUT;
+    case absl::StatusCode::kUnavailable:
+      return absl::StrContains(status.message(), "loading") ? v1::DEGRADED_REASON_LOADING
+                                                              : v1::DEGRADED_REASON_SHARD_DOWN;
+    default:
+      return v1::DEGRADED_REASON_ERROR;
+  }
+}
+
+// The answers of one request's shard calls, merged when the last one arrives. Thread-safe:
+// each slot is written once, by the call that owns it, before the countdown.
+class FanOut {
+ public:
+  FanOut(std::vector<const v1::ShardInfo*> targets, const SearchQuery& query, Metric metric,
+         SearchDone done)
+      : targets_(std::move(targets)),
+        results_(targets_.size()),
+        remaining_(static_cast<int>(targets_.size())),
+        rows_(query.queries.rows()),
+        k_(query.params.k),
+        subset_(query.is_subset()),
+        allow_partial_(query.allow_partial),
+        metric_(metric),
+        done_(std::move(done)) {}
+
+  void Done(size_t slot, absl::StatusOr<v1::SearchResponse> result) {
+    results_[slot] = std::move(result);
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_(Merge());
+  }
+
+ private:
+  absl::StatusOr<SearchAnswer> Merge() {
+    SearchAnswer answer;
+    v1::Coverage& coverage = answer.coverage;
+    coverage.set_shards_asked(static_cast<int>(targets_.size()));
+    std::vector<Neighbors> parts;
+    std::vector<std::string> missing;
+    bool all_timeouts = true;
+    for (size_t i = 0; i < targets_.size(); ++i) {
+      const v1::ShardInfo& shard = *targets_[i];
+      absl::StatusOr<v1::SearchResponse>& result = results_[i];
+      if (result.ok()) {
+        absl::StatusOr<Neighbors> neighbors = DecodeNeighbors(*result);
+        if (!neighbors.ok()) result = neighbors.status();
+        else parts.push_back(*std::move(neighbors));
+      }
+      if (result.ok()) {
+        const v1::Coverage& part = result->coverage();
+        coverage.set_shards_answered(coverage.shards_answered() + 1);
+        coverage.set_vectors_searched(coverage.vectors_searched() + part.vectors_searched());
+        coverage.set_vectors_total(coverage.vectors_total() + part.vectors_total());
+        for (const v1::DegradedShard& degraded : part.degraded()) {
+          *coverage.add_degraded() = degraded;
+        }
+        continue;
+      }
+      const absl::Status& status = result.status();
+      if (!IsGap(status.code())) {
+        return absl::Status(status.code(),
+                            absl::StrCat("shard ", shard.shard_id(), ": ", status.message()));
+      }
+      // The gap's size is known for a full search; for a subset search it would need the
+      // missing shard's sentence lengths, so only what answered is counted.
+      if (!subset_) {
+        coverage.set_vectors_total(coverage.vectors_total() + shard.id_end() -
+                                   shard.id_begin());
+      }
+      v1::DegradedShard* degraded = coverage.add_degraded();
+      degraded->set_shard_id(shard.shard_id());
+      degraded->set_reason(ReasonFor(status));
+      degraded->set_detail(std::string(status.message()));
+      all_timeouts = all_timeouts && degraded->reason() == v1::DEGRADED_REASON_TIMEOUT;
+      missing.push_back(absl::StrCat("shard ", shard.shard_id(), " (", status.message(), ")"));
+    }
+    if (!missing.empty() && !allow_partial_) {
+      const std::string message = absl::StrCat(
+          missing.size(), " of ", targets_.size(), " shards missing: ",
+          absl::StrJoin(missing, "; "));
+      return all_timeouts ? absl::DeadlineExceededError(message)
+                          : absl::UnavailableError(message);
+    }
+    if (parts.empty()) {
+      answer.neighbors = Neighbors::Missing(rows_, k_, metric_, /*with_values=*/false);
+      return answer;
+    }
+    std::vector<const Neighbors*> pointers;
+    for (const Neighbors& part : parts) pointers.push_back(&part);
+    ASSIGN_OR_RETURN(answer.neighbors, MergeTopK(pointers, k_, metric_));
+    return answer;
+  }
+
+  const std::vector<const v1::ShardInfo*> targets_;
+  std::vector<absl::StatusOr<v1::SearchResponse>> results_;
+  std::atomic<int> remaining_;
+  const int64_t rows_;
+  const int k_;
+  const bool subset_;
+  const bool allow_partial_;
+  const Metric metric_;
+  const SearchDone done_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Create(const ShardMap& map, RouterOptions options,
+                                                       MetricsRegistry* metrics,
+                                                       std::function<void(bool)> on_health) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   MakeChannelCredentials(options.shard_tls));
+  const grpc::ChannelArguments args = MakeChannelArguments(
+      options.limits.MaxMessageBytes(kRouterMaxDim), options.shard_tls_server_name);
+  std::vector<std::unique_ptr<ShardGroup>> shards;
+  for (const auto& [shard_id, addresses] : map) {
+    std::vector<std::unique_ptr<Replica>> replicas;
+    for (const std::string& address : addresses) {
+      Gauge* in_flight = metrics->GetGauge(
+          "knnserve_replica_in_flight", "Router calls in flight, by shard and replica",
+          {{"shard", absl::StrCat(shard_id)}, {"replica", address}});
+      replicas.push_back(std::make_unique<Replica>(
+          address, grpc::CreateCustomChannel(address, credentials, args), in_flight));
+    }
+    shards.push_back(std::make_unique<ShardGroup>(shard_id, std::move(replicas), metrics));
+  }
+  auto router = absl::WrapUnique(new Router(std::move(options), std::move(shards)));
+  router->on_health_ = std::move(on_health);
+  router->prober_ = std::thread([r = router.get()] { r->ProbeLoop(); });
+  return router;
+}
+
+Router::Router(RouterOptions options, std::vector<std::unique_ptr<ShardGroup>> shards)
+    : options_(std::move(options)), shards_(std::move(shards)) {}
+
+Router::~Router() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  prober_.join();
+}
+
+void Router::ProbeLoop() {
+  while (true) {
+    ProbeOnce();
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.probe_interval)) return;
+  }
+}
+
+void Router::ProbeShard(ShardGroup* shard) {
+  for (const auto& replica : shard->replicas()) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+    v1::InfoResponse info;
+    const grpc::Status status = replica->stub()->Info(&context, v1::InfoRequest(), &info);
+    if (status.ok() != replica->healthy()) {
+      Log(status.ok() ? LogLevel::kInfo : LogLevel::kWarning,
+          status.ok() ? "replica up" : "replica down",
+          {{"shard", shard->shard_id()},
+           {"replica", replica->address()},
+           {"error", status.error_message()}});
+    }
+    replica->set_healthy(status.ok());
+    if (status.ok() && info.shards_size() == 1) shard->set_info(std::move(info));
+  }
+}
+
+void Router::ProbeOnce() {
+  for (const auto& shard : shards_) ProbeShard(shard.get());
+  Update();
+}
+
+void Router::Update() {
+  auto topology = std::make_shared<Topology>();
+  std::string reason;
+  bool all_replicated = true;
+  for (const auto& shard : shards_) {
+    all_replicated =
+        all_replicated && std::any_of(shard->replicas().begin(), shard->replicas().end(),
+                                      [](const auto& r) { return r->healthy(); });
+    std::optional<v1::InfoResponse> info = shard->info();
+    if (!info.has_value()) {
+      reason = absl::StrCat("shard ", shard->shard_id(), " has not answered Info yet");
+      break;
+    }
+    v1::InfoResponse& all = topology->info;
+    if (topology->ranges.empty()) {
+      all = *info;
+      all.clear_shards();
+      all.clear_limits();
+    } else if (info->dim() != all.dim() || info->metric() != all.metric() ||
+               info->total_vectors() != all.total_vectors() ||
+               info->num_sentences() != all.num_sentences()) {
+      reason = absl::StrCat("shard ", shard->shard_id(),
+                            " serves a different index (dim, metric or size) than shard ",
+                            shards_.front()->shard_id());
+      break;
+    }
+    all.set_supports_subset(all.supports_subset() && info->supports_subset());
+    v1::ShardInfo range = info->shards(0);
+    range.set_shard_id(shard->shard_id());
+    range.clear_replicas();
+    for (const auto& replica : shard->replicas()) range.add_replicas(replica->address());
+    *all.add_shards() = range;
+    topology->ranges.push_back(std::move(range));
+  }
+  if (reason.empty()) {
+    topology->shape = {topology->info.dim(), topology->info.num_sentences()};
+    absl::StatusOr<Metric> metric = MetricFromProto(topology->info.metric());
+    if (metric.ok()) topology->metric = *metric;
+    else reason = std::string(metric.status().message());
+  }
+  const bool healthy = reason.empty() && all_replicated;
+  bool changed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    topology_ = reason.empty() ? std::move(topology) : nullptr;
+    not_ready_reason_ = reason;
+    changed = healthy != healthy_;
+    healthy_ = healthy;
+  }
+  if (changed) {
+    Log(LogLevel::kInfo, healthy ? "serving" : "not serving", {{"reason", reason}});
+    if (on_health_) on_health_(healthy);
+  }
+}
+
+bool Router::healthy() const {
+  absl::MutexLock lock(&mu_);
+  return healthy_;
+}
+
+std::shared_ptr<const Router::Topology> Router::topology() const {
+  absl::MutexLock lock(&mu_);
+  return topology_;
+}
+
+absl::StatusOr<IndexShape> Router::Shape() const {
+  absl::MutexLock lock(&mu_);
+  if (topology_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("router is loading: ", not_ready_reason_));
+  }
+  return topology_->shape;
+}
+
+absl::StatusOr<v1::InfoResponse> Router::Info() const {
+  absl::MutexLock lock(&mu_);
+  if (topology_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("router is loading: ", not_ready_reason_));
+  }
+  return topology_->info;
+}
+
+std::vector<size_t> Router::Targets(const Topology& topology, const SearchQuery& query) const {
+  std::vector<size_t> targets;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const v1::ShardInfo& range = topology.ranges[i];
+    bool needed = !query.is_subset();
+    for (size_t g = 0; !needed && g < query.subset_groups->size(); ++g) {
+      const std::vector<int64_t>& group = (*query.subset_groups)[g];
+      needed = std::any_of(group.begin(), group.end(), [&range](int64_t sentence) {
+        return sentence >= range.sentence_begin() && sentence < range.sentence_end();
+      });
+    }
+    if (needed) targets.push_back(i);
+  }
+  return targets;
+}
+
+void Router::Search(SearchCall call, SearchDone done) {
+  std::shared_ptr<const Topology> topology = this->topology();
+  if (topology == nullptr) {
+    done(Shape().status());
+    return;
+  }
+  const std::vector<size_t> targets = Targets(*topology, call.query);
+  std::vector<const v1::ShardInfo*> ranges;
+  for (size_t target : targets) ranges.push_back(&topology->ranges[target]);
+  const absl::Time deadline = std::min(call.deadline, absl::Now() + options_.max_timeout);
+  std::shared_ptr<const v1::SearchRequest> request = ShardRequest(call.query);
+  // The callbacks keep the topology (which `ranges` point into) alive.
+  auto fan_out = std::make_shared<FanOut>(
+      std::move(ranges), call.query, topology->metric,
+      [topology, done = std::move(done)](absl::StatusOr<SearchAnswer> answer) {
+        done(std::move(answer));
+      });
+  for (size_t i = 0; i < targets.size(); ++i) {
+    StartShardCall(shards_[targets[i]].get(), request, deadline, call.cancel, &scheduler_, &options_.hedge,
+                   [fan_out, i](absl::StatusOr<v1::SearchResponse> result) {
+                     fan_out->Done(i, std::move(result));
+                   });
+  }
+}
+
+}  // namespace knnserve

@@ -1,0 +1,197 @@
+#include "server/shard_call.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace knnserve {
+namespace {
+
+// Thread-safe; kept alive by the callbacks of its attempts and timers.
+class ShardCall : public std::enable_shared_from_this<ShardCall> {
+ public:
+  ShardCall(ShardGroup* shard, std::shared_ptr<const v1::SearchRequest> request,
+            absl::Time deadline, Scheduler* scheduler, const HedgeOptions* hedge,
+            ShardDone done)
+      : shard_(shard),
+        request_(std::move(request)),
+        deadline_(deadline),
+        scheduler_(scheduler),
+        hedge_(hedge),
+        done_(std::move(done)),
+        start_(absl::Now()) {}
+
+  void Start(const std::shared_ptr<CancelToken>& cancel) {
+    std::weak_ptr<ShardCall> weak = weak_from_this();
+    cancel->OnCancel([weak] {
+      if (auto self = weak.lock()) self->CancelAll();
+    });
+    Launch(shard_->Pick({}), /*hedge=*/false);
+    if (hedge_->enabled && shard_->replicas().size() > 1) {
+      scheduler_->Schedule(absl::Now() + hedge_->DelayFor(shard_->latency()), [weak] {
+        if (auto self = weak.lock()) self->Hedge();
+      });
+    }
+  }
+
+ private:
+  struct Attempt {
+    Replica* replica;
+    bool hedge;
+    absl::Time start;
+    grpc::ClientContext context;
+    v1::SearchResponse response;
+    bool cancelled_by_us = false;  // guarded by ShardCall::mu_
+    bool in_flight = true;         // guarded by ShardCall::mu_
+  };
+
+  void Launch(Replica* replica, bool hedge) {
+    auto attempt = std::make_shared<Attempt>();
+    attempt->replica = replica;
+    attempt->hedge = hedge;
+    attempt->start = absl::Now();
+    if (deadline_ != absl::InfiniteFuture()) {
+      attempt->context.set_deadline(absl::ToChronoTime(deadline_));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      attempts_.push_back(attempt);
+      tried_.push_back(replica);
+    }
+    replica->CallStarted();
+    replica->stub()->async()->Search(
+        &attempt->context, request_.get(), &attempt->response,
+        [self = shared_from_this(), attempt](grpc::Status status) {
+          self->OnAttemptDone(attempt, std::move(status));
+        });
+  }
+
+  void Hedge() {
+    Replica* replica = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || InFlight() != 1) return;
+      replica = shard_->Pick(tried_);
+    }
+    if (replica == nullptr) return;
+    shard_->metrics().hedges_sent->Increment();
+    Launch(replica, /*hedge=*/true);
+  }
+
+  int InFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int n = 0;
+    for (const auto& attempt : attempts_) n += attempt->in_flight;
+    return n;
+  }
+
+  bool Transient(const grpc::Status& status, const Attempt& attempt) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (status.error_code()) {
+      case grpc::StatusCode::UNAVAILABLE:
+      case grpc::StatusCode::ABORTED:
+        return true;
+      case grpc::StatusCode::CANCELLED:
+        return !attempt.cancelled_by_us;
+      default:
+        return false;
+    }
+  }
+
+  void OnAttemptDone(const std::shared_ptr<Attempt>& attempt, grpc::Status status) {
+    const absl::Time now = absl::Now();
+    attempt->replica->CallFinished(now - attempt->start, status.ok());
+    Replica* failover = nullptr;
+    absl::StatusOr<v1::SearchResponse> result;
+    {
+      absl::MutexLock lock(&mu_);
+      attempt->in_flight = false;
+      if (finished_) return;  // a loser
+      if (status.ok()) {
+        result = std::move(attempt->response);
+        if (attempt->hedge) shard_->metrics().hedges_won->Increment();
+        shard_->latency().Add(now - start_);
+      } else if (Transient(status, *attempt) && now < deadline_) {
+        last_error_ = absl::StrCat(attempt->replica->address(), ": ", status.error_message());
+        if (InFlight() > 0) return;  // another attempt may still answer
+        failover = shard_->Pick(tried_);
+        if (failover == nullptr) {
+          result = absl::UnavailableError(
+              absl::StrCat("no replica of shard ", shard_->shard_id(),
+                           " answered (last error: ", last_error_, ")"));
+        }
+      } else {
+        const absl::Status error = FromGrpcStatus(status);
+        result = absl::Status(error.code(), absl::StrCat(attempt->replica->address(), ": ",
+                                                         error.message()));
+      }
+      if (failover == nullptr) finished_ = true;
+    }
+    if (failover != nullptr) {
+      shard_->metrics().failovers->Increment();
+      Launch(failover, /*hedge=*/false);
+      return;
+    }
+    CancelAll();
+    Finish(std::move(result));
+  }
+
+  void Finish(absl::StatusOr<v1::SearchResponse> result) {
+    const ShardMetrics& metrics = shard_->metrics();
+    (result.ok() ? metrics.requests_ok : metrics.requests_failed)->Increment();
+    metrics.latency->ObserveDuration(absl::Now() - start_);
+    done_(std::move(result));
+  }
+
+  // Cancels every attempt still in flight (the caller gave up, or another attempt won).
+  void CancelAll() {
+    std::vector<std::shared_ptr<Attempt>> to_cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& attempt : attempts_) {
+        if (attempt->in_flight && !attempt->cancelled_by_us) {
+          attempt->cancelled_by_us = true;
+          to_cancel.push_back(attempt);
+        }
+      }
+    }
+    for (const auto& attempt : to_cancel) attempt->context.TryCancel();
+  }
+
+  ShardGroup* const shard_;
+  const std::shared_ptr<const v1::SearchRequest> request_;
+  const absl::Time deadline_;
+  Scheduler* const scheduler_;
+  const HedgeOptions* const hedge_;
+  const ShardDone done_;
+  const absl::Time start_;
+
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
+  std::vector<Replica*> tried_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::Duration HedgeOptions::DelayFor(const LatencyWindow& latency) const {
+  if (delay > absl::ZeroDuration()) return delay;
+  const std::optional<absl::Duration> observed = latency.Quantile(quantile, min_samples);
+  return std::max(min_delay, observed.value_or(initial_delay));
+}
+
+void StartShardCall(ShardGroup* shard, std::shared_ptr<const v1::SearchRequest> request,
+                    absl::Time deadline, const std::shared_ptr<CancelToken>& cancel,
+                    Scheduler* scheduler, const HedgeOptions* hedge, ShardDone done) {
+  auto call = std::make_shared<ShardCall>(shard, std::move(request), deadline, scheduler, hedge,
+                                          std::move(done));
+  call->Start(cancel);
+}
+
+}  // namespace knnserve

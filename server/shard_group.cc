@@ -1,0 +1,97 @@
+#include "server/shard_group.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace knnserve {
+namespace {
+
+constexpr double kEwmaWeight = 0.2;  // weight of the newest sample
+
+ShardMetrics MakeShardMetrics(MetricsRegistry* registry, int32_t shard_id) {
+  const std::string shard = absl::StrCat(shard_id);
+  return {
+      registry->GetCounter("knnserve_shard_requests_total",
+                           "Router calls to a shard (after failover and hedging), by result",
+                           {{"shard", shard}, {"result", "ok"}}),
+      registry->GetCounter("knnserve_shard_requests_total",
+                           "Router calls to a shard (after failover and hedging), by result",
+                           {{"shard", shard}, {"result", "error"}}),
+      registry->GetHistogram("knnserve_shard_request_seconds",
+                             "Latency of a router call to a shard", {{"shard", shard}},
+                             Histogram::LatencyBounds()),
+      registry->GetCounter("knnserve_hedges_sent_total", "Hedged requests sent, by shard",
+                           {{"shard", shard}}),
+      registry->GetCounter("knnserve_hedges_won_total",
+                           "Hedged requests that answered first, by shard", {{"shard", shard}}),
+      registry->GetCounter("knnserve_failovers_total",
+                           "Retries on another replica after a transient error, by shard",
+                           {{"shard", shard}}),
+  };
+}
+
+}  // namespace
+
+Replica::Replica(std::string address, std::shared_ptr<grpc::Channel> channel, Gauge* in_flight)
+    : address_(std::move(address)),
+      channel_(std::move(channel)),
+      stub_(v1::Retrieval::NewStub(channel_)),
+      in_flight_(in_flight) {}
+
+absl::Duration Replica::ewma_latency() const {
+  return absl::Nanoseconds(ewma_nanos_.load(std::memory_order_relaxed));
+}
+
+void Replica::CallStarted() {
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  in_flight_->Add(1);
+}
+
+void Replica::CallFinished(absl::Duration latency, bool ok) {
+  outstanding_.fetch_sub(1, std::memory_order_relaxed);
+  in_flight_->Add(-1);
+  if (!ok) return;
+  const int64_t sample = absl::ToInt64Nanoseconds(latency);
+  const int64_t old = ewma_nanos_.load(std::memory_order_relaxed);
+  // A lost update under contention only drops one sample from the average.
+  ewma_nanos_.store(old == 0 ? sample
+                             : static_cast<int64_t>(kEwmaWeight * sample +
+                                                    (1 - kEwmaWeight) * old),
+                    std::memory_order_relaxed);
+}
+
+ShardGroup::ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> replicas,
+                       MetricsRegistry* metrics)
+    : shard_id_(shard_id),
+      replicas_(std::move(replicas)),
+      metrics_(MakeShardMetrics(metrics, shard_id)) {}
+
+Replica* ShardGroup::Pick(const std::vector<Replica*>& exclude) {
+  const size_t n = replicas_.size();
+  const size_t start = rotation_.fetch_add(1, std::memory_order_relaxed) % n;
+  Replica* best = nullptr;
+  auto key = [](const Replica* r) {
+    return std::make_tuple(!r->healthy(), r->outstanding(), r->ewma_latency());
+  };
+  for (size_t i = 0; i < n; ++i) {
+    Replica* candidate = replicas_[(start + i) % n].get();
+    if (std::find(exclude.begin(), exclude.end(), candidate) != exclude.end()) continue;
+    if (best == nullptr || key(candidate) < key(best)) best = candidate;
+  }
+  return best;
+}
+
+std::optional<v1::InfoResponse> ShardGroup::info() const {
+  absl::MutexLock lock(&mu_);
+  return info_;
+}
+
+void ShardGroup::set_info(v1::InfoResponse info) {
+  absl::MutexLock lock(&mu_);
+  info_ = std::move(info);
+}
+
+}  // namespace knnserve

@@ -1,0 +1,91 @@
+// One shard as the router sees it: its replicas (a gRPC channel each, calls in flight, latency,
+// health from the last probe), what the shard serves (its Info), recent latencies for the hedge
+// delay, and its metrics.
+#ifndef KNNSERVE_SERVER_SHARD_GROUP_H_
+#define KNNSERVE_SERVER_SHARD_GROUP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "knnserve/v1/retrieval.grpc.pb.h"
+#include "server/latency_window.h"
+#include "shard/metrics.h"
+
+namespace knnserve {
+
+// One replica endpoint. Thread-safe.
+class Replica {
+ public:
+  Replica(std::string address, std::shared_ptr<grpc::Channel> channel, Gauge* in_flight);
+
+  const std::string& address() const { return address_; }
+  v1::Retrieval::Stub* stub() { return stub_.get(); }
+
+  int outstanding() const { return outstanding_.load(std::memory_order_relaxed); }
+  // Exponentially weighted moving average of successful call latencies (0 before any).
+  absl::Duration ewma_latency() const;
+  bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
+  void set_healthy(bool healthy) { healthy_.store(healthy, std::memory_order_relaxed); }
+
+  void CallStarted();
+  void CallFinished(absl::Duration latency, bool ok);
+
+ private:
+  const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Retrieval::Stub> stub_;
+  Gauge* const in_flight_;
+  std::atomic<int> outstanding_{0};
+  std::atomic<int64_t> ewma_nanos_{0};
+  std::atomic<bool> healthy_{true};  // optimistic until the first probe says otherwise
+};
+
+struct ShardMetrics {
+  Counter* requests_ok;
+  Counter* requests_failed;
+  Histogram* latency;
+  Counter* hedges_sent;
+  Counter* hedges_won;
+  Counter* failovers;
+};
+
+// Thread-safe.
+class ShardGroup {
+ public:
+  ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> replicas,
+             MetricsRegistry* metrics);
+
+  int32_t shard_id() const { return shard_id_; }
+  const std::vector<std::unique_ptr<Replica>>& replicas() const { return replicas_; }
+  const ShardMetrics& metrics() const { return metrics_; }
+  LatencyWindow& latency() { return latency_; }
+
+  // The replica to call next, skipping `exclude`: healthy before unhealthy, then fewest calls in
+  // flight, then lowest latency average, then round robin. nullptr when all are excluded.
+  Replica* Pick(const std::vector<Replica*>& exclude);
+
+  // The Info a replica answered, once one has.
+  std::optional<v1::InfoResponse> info() const;
+  void set_info(v1::InfoResponse info);
+
+ private:
+  const int32_t shard_id_;
+  const std::vector<std::unique_ptr<Replica>> replicas_;
+  const ShardMetrics metrics_;
+  LatencyWindow latency_;
+  std::atomic<uint32_t> rotation_{0};
+  mutable absl::Mutex mu_;
+  std::optional<v1::InfoResponse> info_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_SERVER_SHARD_GROUP_H_

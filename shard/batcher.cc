@@ -1,0 +1,182 @@
+#include "shard/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/time/clock.h"
+
+namespace knnserve {
+namespace {
+
+bool Coalescable(const SearchQuery& a, const SearchQuery& b) {
+  return !a.is_subset() && !b.is_subset() && a.params.k == b.params.k &&
+         a.params.nprobe == b.params.nprobe && a.params.ef_search == b.params.ef_search;
+}
+
+// Rows [begin, begin + rows) of `all`.
+Neighbors SliceRows(const Neighbors& all, int64_t begin, int64_t rows) {
+  Neighbors part;
+  part.rows = rows;
+  part.k = all.k;
+  const int64_t from = begin * all.k;
+  const int64_t to = (begin + rows) * all.k;
+  part.distances.assign(all.distances.begin() + from, all.distances.begin() + to);
+  part.ids.assign(all.ids.begin() + from, all.ids.begin() + to);
+  if (all.has_values()) part.values.assign(all.values.begin() + from, all.values.begin() + to);
+  return part;
+}
+
+}  // namespace
+
+Batcher::Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegistry* metrics)
+    : engine_(engine),
+      options_(options),
+      batch_requests_(metrics->GetHistogram("knnserve_batch_requests",
+                                            "Requests coalesced into one engine call", {},
+                                            Histogram::SizeBounds())),
+      batch_rows_(metrics->GetHistogram("knnserve_batch_rows", "Query rows per engine call", {},
+                                        Histogram::SizeBounds())),
+      engine_seconds_(metrics->GetHistogram("knnserve_engine_seconds",
+                                            "Time spent in one engine call", {},
+                                            Histogram::LatencyBounds())),
+      dropped_cancelled_(metrics->GetCounter(
+          "knnserve_dropped_total", "Queued requests dropped before searching, by reason",
+          {{"reason", "cancelled"}})),
+      dropped_deadline_(metrics->GetCounter(
+          "knnserve_dropped_total", "Queued requests dropped before searching, by reason",
+          {{"reason", "deadline"}})) {
+  for (int i = 0; i < std::max(1, options_.num_threads); ++i) {
+    workers_.emplace_back([this] { Work(); });
+  }
+}
+
+Batcher::~Batcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void Batcher::Submit(SearchCall call, EngineDone done) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back({std::move(call), std::move(done), absl::Now()});
+}
+
+int64_t Batcher::CompatibleRows() const {
+  const SearchQuery& head = queue_.front().call.query;
+  int64_t rows = 0;
+  for (const Pending& pending : queue_) {
+    if (&pending == &queue_.front() || Coalescable(head, pending.call.query)) {
+      rows += pending.call.query.queries.rows();
+    }
+  }
+  return rows;
+}
+
+bool Batcher::HasWork() const { return stop_ || (!queue_.empty() && !collecting_); }
+
+bool Batcher::BatchReady() const {
+  if (stop_ || absl::Now() >= collect_deadline_ || queue_.front().call.query.is_subset()) return true;
+  return CompatibleRows() >= options_.max_batch_rows;
+}
+
+std::vector<Batcher::Pending> Batcher::TakeBatch() {
+  std::vector<Pending> batch;
+  batch.push_back(std::move(queue_.front()));
+  queue_.pop_front();
+  int64_t rows = batch.front().call.query.queries.rows();
+  std::deque<Pending> rest;
+  for (Pending& pending : queue_) {
+    const int64_t pending_rows = pending.call.query.queries.rows();
+    if (Coalescable(batch.front().call.query, pending.call.query) &&
+        rows + pending_rows <= options_.max_batch_rows) {
+      rows += pending_rows;
+      batch.push_back(std::move(pending));
+    } else {
+      rest.push_back(std::move(pending));
+    }
+  }
+  queue_.swap(rest);
+  return batch;
+}
+
+void Batcher::Work() {
+  while (true) {
+    std::vector<Pending> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Batcher::HasWork));
+      if (queue_.empty()) return;  // stopping, and everything queued has been answered
+      collecting_ = true;
+      collect_deadline_ = queue_.front().enqueued + options_.max_wait;
+      // Wakes when Submit adds rows (conditions are re-evaluated when the mutex is released)
+      // or at the deadline.
+      mu_.AwaitWithDeadline(absl::Condition(this, &Batcher::BatchReady), collect_deadline_);
+      batch = TakeBatch();
+      collecting_ = false;
+    }
+    Run(std::move(batch));
+  }
+}
+
+void Batcher::Run(std::vector<Pending> batch) const {
+  const absl::Time now = absl::Now();
+  std::vector<Pending> live;
+  for (Pending& pending : batch) {
+    if (pending.call.cancel->cancelled()) {
+      dropped_cancelled_->Increment();
+      pending.done(absl::CancelledError("the caller cancelled the request"));
+    } else if (now >= pending.call.deadline) {
+      dropped_deadline_->Increment();
+      pending.done(absl::DeadlineExceededError("the deadline passed while the request queued"));
+    } else {
+      live.push_back(std::move(pending));
+    }
+  }
+  if (live.empty()) return;
+  int64_t rows = 0;
+  for (const Pending& pending : live) rows += pending.call.query.queries.rows();
+  batch_requests_->Observe(live.size());
+  batch_rows_->Observe(rows);
+  if (live.size() == 1) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<EngineResult> result = engine_->Search(live.front().call.query);
+    engine_seconds_->ObserveDuration(absl::Now() - start);
+    live.front().done(std::move(result));
+    return;
+  }
+  RunCoalesced(std::move(live));
+}
+
+void Batcher::RunCoalesced(std::vector<Pending> batch) const {
+  const int64_t dim = batch.front().call.query.queries.cols();
+  int64_t rows = 0;
+  for (const Pending& pending : batch) rows += pending.call.query.queries.rows();
+  SearchQuery merged;
+  merged.params = batch.front().call.query.params;
+  merged.queries = Matrix<float>(rows, dim);
+  int64_t row = 0;
+  for (const Pending& pending : batch) {
+    const Matrix<float>& queries = pending.call.query.queries;
+    std::memcpy(merged.queries.row(row), queries.data(), queries.size() * sizeof(float));
+    row += queries.rows();
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<EngineResult> result = engine_->Search(merged);
+  engine_seconds_->ObserveDuration(absl::Now() - start);
+  row = 0;
+  for (Pending& pending : batch) {
+    const int64_t part_rows = pending.call.query.queries.rows();
+    if (result.ok()) {
+      pending.done(EngineResult{SliceRows(result->neighbors, row, part_rows),
+                                result->vectors_searched});
+    } else {
+      pending.done(result.status());
+    }
+    row += part_rows;
+  }
+}
+
+}  // namespace knnserve

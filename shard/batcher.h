@@ -1,0 +1,78 @@
+// Dynamic batching: concurrent full searches with the same parameters are coalesced into one
+// engine call, because faiss's throughput grows with the batch size. The first request of a
+// batch waits at most `max_wait` for company (less when the batch fills up); under load, work
+// queued while the workers were busy is batched without waiting. Subset searches run alone
+// (their rows already share one pass over the codes per group).
+#ifndef KNNSERVE_SHARD_BATCHER_H_
+#define KNNSERVE_SHARD_BATCHER_H_
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/search_engine.h"
+#include "shard/metrics.h"
+#include "shard/search_backend.h"
+
+namespace knnserve {
+
+struct BatcherOptions {
+  absl::Duration max_wait = absl::Milliseconds(1);
+  int max_batch_rows = 1024;
+  int num_threads = 2;  // engine calls that may run at once
+};
+
+using EngineDone = std::function<void(absl::StatusOr<EngineResult>)>;
+
+// Thread-safe. The destructor answers everything still queued, then joins the workers.
+class Batcher {
+ public:
+  // `engine` and `metrics` must outlive the batcher.
+  Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegistry* metrics);
+  ~Batcher();
+
+  // `done` runs on a worker thread. Calls that are cancelled or past their deadline when their
+  // turn comes are answered CANCELLED / DEADLINE_EXCEEDED without searching.
+  void Submit(SearchCall call, EngineDone done);
+
+ private:
+  struct Pending {
+    SearchCall call;
+    EngineDone done;
+    absl::Time enqueued;
+  };
+
+  void Work();
+  // The head of the queue and every queued request it can be coalesced with, up to
+  // max_batch_rows rows; removed from the queue.
+  std::vector<Pending> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t CompatibleRows() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BatchReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(std::vector<Pending> batch) const;
+  void RunCoalesced(std::vector<Pending> batch) const;
+
+  const SearchEngine* const engine_;
+  const BatcherOptions options_;
+  Histogram* const batch_requests_;
+  Histogram* const batch_rows_;
+  Histogram* const engine_seconds_;
+  Counter* const dropped_cancelled_;
+  Counter* const dropped_deadline_;
+
+  absl::Mutex mu_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool collecting_ ABSL_GUARDED_BY(mu_) = false;  // one worker at a time forms a batch
+  absl::Time collect_deadline_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_SHARD_BATCHER_H_

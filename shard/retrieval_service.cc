@@ -1,0 +1,239 @@
+#include "shard/retrieval_service.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/wire.h"
+
+namespace knnserve {
+namespace {
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+// Counts one call in flight and records its outcome and latency once.
+class CallMetrics {
+ public:
+  explicit CallMetrics(const ServiceMetrics& metrics) : metrics_(metrics), start_(absl::Now()) {
+    metrics_.in_flight->Add(1);
+  }
+  void Done(bool ok) {
+    (ok ? metrics_.requests_ok : metrics_.requests_failed)->Increment();
+    metrics_.latency->ObserveDuration(absl::Now() - start_);
+    metrics_.in_flight->Add(-1);
+  }
+
+ private:
+  const ServiceMetrics& metrics_;
+  const absl::Time start_;
+};
+
+// A unary call whose cancellation reaches the backend.
+class UnaryReactor : public grpc::ServerUnaryReactor {
+ public:
+  UnaryReactor(const ServiceMetrics& metrics, std::shared_ptr<CancelToken> cancel)
+      : metrics_(metrics), cancel_(std::move(cancel)) {}
+
+  void Complete(const absl::Status& status) {
+    metrics_.Done(status.ok());
+    Finish(ToGrpcStatus(status));
+  }
+  void OnCancel() override { cancel_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  CallMetrics metrics_;
+  const std::shared_ptr<CancelToken> cancel_;
+};
+
+}  // namespace
+
+ServiceMetrics ServiceMetrics::For(MetricsRegistry* registry, const std::string& method) {
+  return {
+      registry->GetCounter("knnserve_requests_total", "Requests answered, by method and result",
+                           {{"method", method}, {"result", "ok"}}),
+      registry->GetCounter("knnserve_requests_total", "Requests answered, by method and result",
+                           {{"method", method}, {"result", "error"}}),
+      registry->GetHistogram("knnserve_request_seconds", "Request latency by method",
+                             {{"method", method}}, Histogram::LatencyBounds()),
+      registry->GetGauge("knnserve_requests_in_flight", "Requests in flight by method",
+                         {{"method", method}}),
+  };
+}
+
+void FillResponse(const SearchAnswer& answer, v1::SearchResponse* response) {
+  EncodeNeighbors(answer.neighbors, response);
+  *response->mutable_coverage() = answer.coverage;
+}
+
+RetrievalService::RetrievalService(SearchBackend* backend, RequestLimits limits,
+                                   MetricsRegistry* metrics)
+    : backend_(backend),
+      limits_(limits),
+      search_metrics_(ServiceMetrics::For(metrics, "Search")),
+      step_metrics_(ServiceMetrics::For(metrics, "SearchStream.step")),
+      info_metrics_(ServiceMetrics::For(metrics, "Info")) {}
+
+grpc::ServerUnaryReactor* RetrievalService::Search(grpc::CallbackServerContext* context,
+                                                   const v1::SearchRequest* request,
+                                                   v1::SearchResponse* response) {
+  SearchCall call;
+  call.deadline = DeadlineOf(context);
+  auto* reactor = new UnaryReactor(search_metrics_, call.cancel);
+  response->set_request_id(request->request_id());
+  absl::StatusOr<IndexShape> shape = backend_->Shape();
+  absl::StatusOr<SearchQuery> query =
+      shape.ok() ? ParseSearchRequest(*request, *shape, limits_) : shape.status();
+  if (!query.ok()) {
+    reactor->Complete(query.status());
+    return reactor;
+  }
+  call.query = *std::move(query);
+  backend_->Search(std::move(call), [reactor, response](absl::StatusOr<SearchAnswer> answer) {
+    if (answer.ok()) FillResponse(*answer, response);
+    reactor->Complete(answer.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RetrievalService::Info(grpc::CallbackServerContext* context,
+                                                 const v1::InfoRequest* /*request*/,
+                                                 v1::InfoResponse* response) {
+  auto* reactor = new UnaryReactor(info_metrics_, std::make_shared<CancelToken>());
+  absl::StatusOr<v1::InfoResponse> info = backend_->Info();
+  if (info.ok()) {
+    *response = *std::move(info);
+    limits_.ToProto(response->dim(), response->mutable_limits());
+  }
+  reactor->Complete(info.status());
+  return reactor;
+}
+
+// One decoding session. At most one operation is outstanding at a time (a read, a search or a
+// write), so steps are answered in order and the reactor needs no lock; only OnCancel runs
+// concurrently, and it touches the thread-safe CancelToken alone.
+class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse> {
+ public:
+  StreamReactor(RetrievalService* service, grpc::CallbackServerContext* context)
+      : service_(service), deadline_(DeadlineOf(context)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side (or the call is gone): the session is over
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (request_.has_setup()) {
+      absl::Status status = Setup(request_.setup());
+      if (!status.ok()) {
+        Finish(ToGrpcStatus(status));
+        return;
+      }
+      StartRead(&request_);
+      return;
+    }
+    steps_started_ = true;
+    Step();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnCancel() override { cancel_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Setup(const v1::SessionSetup& setup) {
+    if (setup_seen_ || steps_started_) {
+      return absl::InvalidArgumentError(
+          "setup: at most one setup message, before the first step");
+    }
+    setup_seen_ = true;
+    ASSIGN_OR_RETURN(IndexShape shape, service_->backend_->Shape());
+    if (setup.default_params().k() != 0) {
+      RETURN_IF_ERROR(ValidateParams(setup.default_params(), service_->limits_));
+    }
+    if (setup.subset_groups_size() > 0) {
+      ASSIGN_OR_RETURN(SubsetGroups groups,
+                       ParseSubsetGroups(setup.subset_groups(), shape, service_->limits_));
+      session_groups_ = std::make_shared<const SubsetGroups>(std::move(groups));
+    }
+    default_params_ = setup.default_params();
+    allow_partial_ = setup.allow_partial();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<SearchQuery> ParseStep(v1::SearchRequest* step) const {
+    if (step->params().k() == 0 && default_params_.k() != 0) {
+      *step->mutable_params() = default_params_;
+    }
+    if (step->row_group_size() > 0 && step->subset_groups_size() == 0 &&
+        session_groups_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "step: row_group refers to subset groups, but no setup message declared any");
+    }
+    ASSIGN_OR_RETURN(IndexShape shape, service_->backend_->Shape());
+    ASSIGN_OR_RETURN(SearchQuery query,
+                     ParseSearchRequest(*step, shape, service_->limits_, session_groups_));
+    query.allow_partial = query.allow_partial || allow_partial_;
+    return query;
+  }
+
+  void Step() {
+    auto metrics = std::make_shared<CallMetrics>(service_->step_metrics_);
+    response_.Clear();
+    response_.set_request_id(request_.step().request_id());
+    absl::StatusOr<SearchQuery> query = ParseStep(request_.mutable_step());
+    if (!query.ok()) {
+      Answer(query.status(), *metrics);
+      return;
+    }
+    SearchCall call{*std::move(query), deadline_, cancel_};
+    service_->backend_->Search(std::move(call),
+                               [this, metrics](absl::StatusOr<SearchAnswer> answer) {
+                                 if (answer.ok()) FillResponse(*answer, &response_);
+                                 Answer(answer.status(), *metrics);
+                               });
+  }
+
+  void Answer(const absl::Status& status, CallMetrics& metrics) {
+    metrics.Done(status.ok());
+    if (!status.ok()) {
+      response_.set_error_code(static_cast<int>(ToGrpcStatus(status).error_code()));
+      response_.set_error_message(std::string(status.message()));
+    }
+    StartWrite(&response_);
+  }
+
+  RetrievalService* const service_;
+  const absl::Time deadline_;
+  const std::shared_ptr<CancelToken> cancel_ = std::make_shared<CancelToken>();
+  v1::StreamRequest request_;
+  v1::SearchResponse response_;
+  bool setup_seen_ = false;
+  bool steps_started_ = false;
+  std::shared_ptr<const SubsetGroups> session_groups_;
+  v1::SearchParams default_params_;
+  bool allow_partial_ = false;
+};
+
+grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>* RetrievalService::SearchStream(
+    grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context);
+}
+
+}  // namespace knnserve

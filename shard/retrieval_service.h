@@ -1,0 +1,57 @@
+// The v1 Retrieval gRPC service over a SearchBackend, shared by knnserve-shard and
+// knnserve-router (a router is a shard of shards). It only translates: validation at the edge
+// (ParseSearchRequest), stream sessions (setup once, then steps answered in order, a bad step
+// answered with error_code/error_message without ending the stream), cancellation and
+// deadlines handed to the backend, and per-method metrics.
+#ifndef KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
+#define KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "common/request.h"
+#include "knnserve/v1/retrieval.grpc.pb.h"
+#include "shard/metrics.h"
+#include "shard/search_backend.h"
+
+namespace knnserve {
+
+struct ServiceMetrics {
+  Counter* requests_ok;
+  Counter* requests_failed;
+  Histogram* latency;
+  Gauge* in_flight;
+
+  static ServiceMetrics For(MetricsRegistry* registry, const std::string& method);
+};
+
+// Thread-safe; `backend` and `metrics` must outlive the service and its calls.
+class RetrievalService final : public v1::Retrieval::CallbackService {
+ public:
+  RetrievalService(SearchBackend* backend, RequestLimits limits, MetricsRegistry* metrics);
+
+  grpc::ServerUnaryReactor* Search(grpc::CallbackServerContext* context,
+                                   const v1::SearchRequest* request,
+                                   v1::SearchResponse* response) override;
+  grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>* SearchStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
+                                 const v1::InfoRequest* request,
+                                 v1::InfoResponse* response) override;
+
+ private:
+  friend class StreamReactor;
+
+  SearchBackend* const backend_;
+  const RequestLimits limits_;
+  const ServiceMetrics search_metrics_;
+  const ServiceMetrics step_metrics_;
+  const ServiceMetrics info_metrics_;
+};
+
+// Fills the result part of `response` from an answer (or its error, for stream steps).
+void FillResponse(const SearchAnswer& answer, v1::SearchResponse* response);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
