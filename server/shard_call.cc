@@ -105,12 +105,15 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
 
   void OnAttemptDone(const std::shared_ptr<Attempt>& attempt, grpc::Status status) {
     const absl::Time now = absl::Now();
-    attempt->replica->CallFinished(now - attempt->start, status.ok());
     Replica* failover = nullptr;
     absl::StatusOr<v1::SearchResponse> result;
     {
       absl::MutexLock lock(&mu_);
       attempt->in_flight = false;
+      // A loser we cancelled took at least this long: its latency average must see that, or a
+      // replica that never answers in time would stay the first choice.
+      attempt->replica->CallFinished(now - attempt->start,
+                                     status.ok() || attempt->cancelled_by_us);
       if (finished_) return;  // a loser
       if (status.ok()) {
         result = std::move(attempt->response);

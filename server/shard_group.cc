@@ -50,10 +50,10 @@ void Replica::CallStarted() {
   in_flight_->Add(1);
 }
 
-void Replica::CallFinished(absl::Duration latency, bool ok) {
+void Replica::CallFinished(absl::Duration latency, bool record_latency) {
   outstanding_.fetch_sub(1, std::memory_order_relaxed);
   in_flight_->Add(-1);
-  if (!ok) return;
+  if (!record_latency) return;
   const int64_t sample = absl::ToInt64Nanoseconds(latency);
   const int64_t old = ewma_nanos_.load(std::memory_order_relaxed);
   // A lost update under contention only drops one sample from the average.

@@ -36,7 +36,8 @@ class Replica {
   void set_healthy(bool healthy) { healthy_.store(healthy, std::memory_order_relaxed); }
 
   void CallStarted();
-  void CallFinished(absl::Duration latency, bool ok);
+  // `record_latency`: fold `latency` into the average (answers, and losers cancelled late).
+  void CallFinished(absl::Duration latency, bool record_latency);
 
  private:
   const std::string address_;

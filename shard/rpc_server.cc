@@ -1,6 +1,8 @@
 #include "shard/rpc_server.h"
 
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/memory/memory.h"
@@ -33,6 +35,11 @@ std::string HostOf(const std::string& listen) {
   std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
   if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
   return host;
+}
+
+// gRPC takes int sizes, and protobuf cannot parse messages of 2 GiB or more.
+int ClampMessageBytes(int64_t bytes) {
+  return static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int32_t>::max()));
 }
 
 }  // namespace
@@ -87,8 +94,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 grpc::ChannelArguments MakeChannelArguments(int64_t max_message_bytes,
                                             const std::string& tls_server_name) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
-  args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
+  args.SetMaxReceiveMessageSize(ClampMessageBytes(max_message_bytes));
+  args.SetMaxSendMessageSize(ClampMessageBytes(max_message_bytes));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -107,8 +114,8 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(const RpcServerOptio
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxReceiveMessageSize(ClampMessageBytes(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(ClampMessageBytes(options.max_message_bytes));
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -1,0 +1,38 @@
+#include "server/shard_map.h"
+
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace knnserve {
+namespace {
+
+using ::knnserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ShardMapTest, ParsesShardsReplicasAndComments) {
+  ASSERT_OK_AND_ASSIGN(ShardMap map, ParseShardMap("# shards\n"
+                                                   "0 127.0.0.1:7001 127.0.0.1:7002\n"
+                                                   "\n"
+                                                   "1\t127.0.0.1:7003  # one replica\n",
+                                                   "map.txt"));
+  ASSERT_EQ(map.size(), 2u);
+  EXPECT_THAT(map[0], ElementsAre("127.0.0.1:7001", "127.0.0.1:7002"));
+  EXPECT_THAT(map[1], ElementsAre("127.0.0.1:7003"));
+  EXPECT_EQ(FormatShardMap(map), "0 127.0.0.1:7001 127.0.0.1:7002\n1 127.0.0.1:7003\n");
+}
+
+TEST(ShardMapTest, RejectsBadLinesWithTheirNumber) {
+  EXPECT_THAT(ParseShardMap("0 a:1\n0 b:2\n", "m"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("m:2: shard 0 is listed twice")));
+  EXPECT_THAT(ParseShardMap("x a:1\n", "m"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a shard id")));
+  EXPECT_THAT(ParseShardMap("3\n", "m"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no replica")));
+  EXPECT_THAT(ParseShardMap("# nothing\n", "m"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no shards")));
+}
+
+}  // namespace
+}  // namespace knnserve

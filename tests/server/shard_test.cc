@@ -1,0 +1,133 @@
+// knnserve-shard's service in process: answers, Info, health, validation, drain, metrics.
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "common/status_matchers.h"
+#include "common/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/flat_engine.h"
+#include "tests/server/test_cluster.h"
+
+namespace knnserve::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kDim = 16;
+
+std::unique_ptr<SearchEngine> SmallEngine() {
+  return std::make_unique<FlatEngine>(MakeDatastore(100, kDim, 6, 7), 20, 80);
+}
+
+TEST(ShardTest, AnswersLikeTheEngineWithCoverage) {
+  TestShard shard(3, SmallEngine());
+  auto stub = Connect(shard.address());
+  const Matrix<float> queries = RandomQueries(5, kDim, 11);
+  v1::SearchRequest request = MakeRequest(queries, 7);
+  request.set_request_id("abc");
+  v1::SearchResponse response;
+  ASSERT_TRUE(CallSearch(stub.get(), request, &response).ok());
+
+  SearchQuery query;
+  query.queries = queries;
+  query.params.k = 7;
+  ASSERT_OK_AND_ASSIGN(EngineResult expected, shard.engine()->Search(query));
+  ASSERT_OK_AND_ASSIGN(Neighbors got, DecodeNeighbors(response));
+  EXPECT_EQ(got.ids, expected.neighbors.ids);
+  EXPECT_EQ(got.distances, expected.neighbors.distances);
+  EXPECT_EQ(got.values, expected.neighbors.values);
+  EXPECT_EQ(response.request_id(), "abc");
+  const EngineInfo& info = shard.engine()->info();
+  EXPECT_EQ(response.coverage().shards_asked(), 1);
+  EXPECT_EQ(response.coverage().shards_answered(), 1);
+  EXPECT_EQ(response.coverage().vectors_searched(), info.id_end - info.id_begin);
+  EXPECT_EQ(response.coverage().vectors_total(), info.id_end - info.id_begin);
+}
+
+TEST(ShardTest, InfoDescribesTheSliceAndLimits) {
+  TestShard shard(3, SmallEngine());
+  auto stub = Connect(shard.address());
+  grpc::ClientContext context;
+  v1::InfoResponse info;
+  ASSERT_TRUE(stub->Info(&context, v1::InfoRequest(), &info).ok());
+  const EngineInfo& engine = shard.engine()->info();
+  EXPECT_EQ(info.dim(), kDim);
+  EXPECT_EQ(info.metric(), v1::METRIC_L2);
+  EXPECT_EQ(info.factory(), "Flat");
+  EXPECT_EQ(info.total_vectors(), engine.total_vectors);
+  EXPECT_EQ(info.num_sentences(), 100);
+  EXPECT_TRUE(info.supports_subset());
+  ASSERT_EQ(info.shards_size(), 1);
+  EXPECT_EQ(info.shards(0).shard_id(), 3);
+  EXPECT_EQ(info.shards(0).id_begin(), engine.id_begin);
+  EXPECT_EQ(info.shards(0).sentence_begin(), 20);
+  EXPECT_EQ(info.shards(0).sentence_end(), 80);
+  EXPECT_EQ(info.limits().max_k(), TestLimits().max_k);
+  EXPECT_EQ(info.limits().max_message_bytes(), TestLimits().MaxMessageBytes(kDim));
+  EXPECT_FALSE(info.version().empty());
+}
+
+TEST(ShardTest, NotServingUntilLoadedAndWarmedUp) {
+  TestShard shard(0, SmallEngine(), {.load = false});
+  EXPECT_EQ(CheckHealth(shard.address()).value_or(-1), 2);
+  EXPECT_EQ(CheckHealth(shard.address(), "knnserve.v1.Retrieval").value_or(-1), 2);
+  auto stub = Connect(shard.address());
+  v1::SearchResponse response;
+  const grpc::Status loading =
+      CallSearch(stub.get(), MakeRequest(RandomQueries(1, kDim, 1), 3), &response);
+  EXPECT_EQ(loading.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(loading.error_message(), HasSubstr("loading"));
+  EXPECT_EQ(shard.engine()->calls(), 0);
+
+  shard.Load();
+  EXPECT_EQ(shard.engine()->calls(), 1);  // the warm-up query
+  EXPECT_EQ(CheckHealth(shard.address()).value_or(-1), 1);
+  EXPECT_EQ(CheckHealth(shard.address(), "knnserve.v1.Retrieval").value_or(-1), 1);
+  EXPECT_TRUE(CallSearch(stub.get(), MakeRequest(RandomQueries(1, kDim, 1), 3), &response).ok());
+}
+
+TEST(ShardTest, RejectsMalformedRequestsAndKeepsServing) {
+  TestShard shard(0, SmallEngine());
+  auto stub = Connect(shard.address());
+  ExpectMalformedRequestsRejected(stub.get(), kDim);
+}
+
+TEST(ShardTest, DrainFinishesCallsInFlight) {
+  TestShard shard(0, SmallEngine());
+  auto stub = Connect(shard.address());
+  shard.engine()->CloseGate();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  const v1::SearchRequest request = MakeRequest(RandomQueries(1, kDim, 1), 3);
+  v1::SearchResponse response;
+  grpc::Status status;
+  absl::Notification done;
+  stub->async()->Search(&context, &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  ASSERT_TRUE(shard.engine()->WaitForCallsAtGate(1, absl::Seconds(10)));
+  std::thread drain([&] { shard.server().Shutdown(absl::Seconds(20)); });
+  // Draining: health says NOT_SERVING at once, the call in flight still completes.
+  absl::SleepFor(absl::Milliseconds(50));
+  shard.engine()->OpenGate();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.rows(), 1);
+  drain.join();
+}
+
+TEST(ShardTest, CountsRequestsInMetrics) {
+  TestShard shard(0, SmallEngine());
+  auto stub = Connect(shard.address());
+  v1::SearchResponse response;
+  ASSERT_TRUE(CallSearch(stub.get(), MakeRequest(RandomQueries(2, kDim, 1), 3), &response).ok());
+  const std::string text = shard.metrics().RenderText();
+  EXPECT_THAT(text, HasSubstr("knnserve_requests_total{method=\"Search\",result=\"ok\"} 1"));
+  EXPECT_THAT(text, HasSubstr("knnserve_batch_rows_count 1"));
+  EXPECT_THAT(text, HasSubstr("knnserve_request_seconds_bucket{method=\"Search\""));
+}
+
+}  // namespace
+}  // namespace knnserve::testing
