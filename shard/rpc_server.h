@@ -21,7 +21,7 @@ struct TlsFiles {
   std::string key;
   std::string ca;
 
-  bool enabled() const { return !cert.empty() || !ca.empty(); }
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(

@@ -1,0 +1,121 @@
+// knnserve-router: serves the v1 Retrieval service over a set of shard servers.
+//
+//   knnserve-router --shards FILE [--listen 127.0.0.1:6000] [--metrics-listen ADDR]
+//                   [--tls-cert F --tls-key F [--tls-ca F]] [--hedge-delay-ms MS | --no-hedge]
+//
+// FILE lists, per shard id, its replica addresses (server/shard_map.h). The TLS flags apply
+// to both sides: the router serves with --tls-cert/--tls-key (requiring client certificates
+// signed by --tls-ca when given) and calls shards over TLS verified against --tls-ca,
+// presenting the same certificate (mTLS). Health is SERVING while every shard has a replica
+// that answers. SIGTERM or SIGINT drains and exits 0.
+#include <atomic>
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "server/router.h"
+#include "shard/log.h"
+#include "shard/metrics_http.h"
+#include "shard/process.h"
+#include "shard/retrieval_service.h"
+
+namespace knnserve {
+namespace {
+
+struct RouterFlags {
+  ServerFlags server;
+  std::string shards_file;
+  bool no_hedge = false;
+  double hedge_delay_ms = 0;
+  double timeout_ms = 30000;
+  double probe_interval_ms = 1000;
+  std::string shard_tls_server_name;
+};
+
+// Router channels and the listening side accept messages for indexes up to this dimension.
+constexpr int kMaxDim = 4096;
+
+int Run(const RouterFlags& flags) {
+  absl::StatusOr<ShardMap> map = ReadShardMap(flags.shards_file);
+  if (!map.ok()) {
+    Log(LogLevel::kError, "cannot read the shard map", {{"error", map.status().ToString()}});
+    return 1;
+  }
+  RouterOptions options;
+  options.limits = flags.server.limits;
+  options.hedge.enabled = !flags.no_hedge;
+  options.hedge.delay = absl::Microseconds(static_cast<int64_t>(flags.hedge_delay_ms * 1000));
+  options.max_timeout = absl::Microseconds(static_cast<int64_t>(flags.timeout_ms * 1000));
+  options.probe_interval =
+      absl::Microseconds(static_cast<int64_t>(flags.probe_interval_ms * 1000));
+  options.shard_tls = flags.server.tls;
+  options.shard_tls_server_name = flags.shard_tls_server_name;
+
+  MetricsRegistry metrics;
+  std::atomic<RpcServer*> serving_server{nullptr};
+  absl::StatusOr<std::unique_ptr<Router>> router =
+      Router::Create(*map, options, &metrics, [&serving_server](bool healthy) {
+        if (RpcServer* server = serving_server.load()) server->SetServing(healthy);
+      });
+  if (!router.ok()) {
+    Log(LogLevel::kError, "cannot start the router", {{"error", router.status().ToString()}});
+    return 1;
+  }
+  RetrievalService service(router->get(), flags.server.limits, &metrics);
+  RpcServerOptions server_options{flags.server.listen, flags.server.tls,
+                                  flags.server.limits.MaxMessageBytes(kMaxDim)};
+  absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(server_options, &service);
+  if (!server.ok()) {
+    Log(LogLevel::kError, "cannot serve", {{"error", server.status().ToString()}});
+    return 1;
+  }
+  serving_server.store(server->get());
+  (*server)->SetServing((*router)->healthy());
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!flags.server.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(flags.server.metrics_listen, &metrics);
+    if (!started.ok()) {
+      Log(LogLevel::kError, "cannot serve metrics", {{"error", started.status().ToString()}});
+      return 1;
+    }
+    metrics_server = *std::move(started);
+  }
+  Log(LogLevel::kInfo, "listening",
+      {{"address", (*server)->address()},
+       {"shards", map->size()},
+       {"metrics_port", metrics_server ? metrics_server->port() : 0}});
+  const int signal = WaitForTerminationSignal();
+  Log(LogLevel::kInfo, "draining", {{"signal", signal}});
+  serving_server.store(nullptr);
+  (*server)->Shutdown(absl::Seconds(flags.server.drain_seconds));
+  Log(LogLevel::kInfo, "stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace knnserve
+
+int main(int argc, char** argv) {
+  knnserve::BlockTerminationSignals();
+  knnserve::RouterFlags flags;
+  CLI::App app{"knnserve-router: fan kNN searches out to knnserve shards and merge them"};
+  flags.server.Register(app, "127.0.0.1:6000");
+  app.add_option("--shards", flags.shards_file,
+                 "shard map: one line per shard, 'ID ADDRESS [ADDRESS...]'")
+      ->required();
+  app.add_flag("--no-hedge", flags.no_hedge, "never send a second request to another replica");
+  app.add_option("--hedge-delay-ms", flags.hedge_delay_ms,
+                 "hedge after this delay (0: the shard's observed p95 latency)")
+      ->capture_default_str();
+  app.add_option("--timeout-ms", flags.timeout_ms,
+                 "deadline for requests that set none (or a later one)")
+      ->capture_default_str();
+  app.add_option("--probe-interval-ms", flags.probe_interval_ms,
+                 "how often every replica's Info is probed (health, shard ranges)")
+      ->capture_default_str();
+  app.add_option("--shard-tls-server-name", flags.shard_tls_server_name,
+                 "name the shards' certificates carry, when not their address's host");
+  CLI11_PARSE(app, argc, argv);
+  flags.server.InitLogging("router");
+  return knnserve::Run(flags);
+}

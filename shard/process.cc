@@ -1,0 +1,71 @@
+#include "shard/process.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <map>
+
+#include "shard/log.h"
+
+namespace knnserve {
+namespace {
+
+sigset_t TerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  const sigset_t signals = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  const sigset_t signals = TerminationSignals();
+  int signal = 0;
+  sigwait(&signals, &signal);
+  return signal;
+}
+
+void RequestTermination() { kill(getpid(), SIGTERM); }
+
+void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
+  listen = default_listen;
+  app.add_option("--listen", listen, "host:port to serve gRPC on (port 0 picks one)")
+      ->capture_default_str();
+  app.add_option("--tls-cert", tls.cert, "PEM certificate chain: serve (and call) over TLS");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", tls.ca,
+                 "PEM CA bundle: require and verify client certificates (mTLS), and verify "
+                 "the servers this process calls");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port serving Prometheus metrics over HTTP at /metrics (off if empty)");
+  app.add_option("--log-level", log_level, "debug, info, warning or error")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  app.add_option("--drain-seconds", drain_seconds,
+                 "on SIGTERM, how long calls in flight may take to finish")
+      ->capture_default_str();
+  app.add_option("--max-k", limits.max_k, "largest k a request may ask for")
+      ->capture_default_str();
+  app.add_option("--max-rows", limits.max_rows, "most query rows per request")
+      ->capture_default_str();
+  app.add_option("--max-subset-sentences", limits.max_subset_sentences,
+                 "most sentences per subset group")
+      ->capture_default_str();
+}
+
+void ServerFlags::InitLogging(const std::string& component) const {
+  static const std::map<std::string, LogLevel> kLevels = {{"debug", LogLevel::kDebug},
+                                                         {"info", LogLevel::kInfo},
+                                                         {"warning", LogLevel::kWarning},
+                                                         {"error", LogLevel::kError}};
+  InitLog(component, kLevels.at(log_level));
+}
+
+}  // namespace knnserve
