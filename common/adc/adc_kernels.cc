@@ -1,0 +1,72 @@
+// Kernel selection and the scalar reference kernel (compiled without extra ISA flags).
+#include "common/adc/adc_kernels.h"
+
+#include "common/check.h"
+
+namespace knnserve {
+
+absl::string_view AdcKernelName(AdcKernel kernel) {
+  switch (kernel) {
+    case AdcKernel::kScalar:
+      return "scalar";
+    case AdcKernel::kAvx2:
+      return "avx2";
+    case AdcKernel::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+bool CpuSupports(AdcKernel kernel) {
+  switch (kernel) {
+    case AdcKernel::kScalar:
+      return true;
+    case AdcKernel::kAvx2:
+      return __builtin_cpu_supports("avx2");
+    case AdcKernel::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+}
+
+AdcKernel BestAdcKernel() {
+  static const AdcKernel best = CpuSupports(AdcKernel::kAvx512) ? AdcKernel::kAvx512
+                                : CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kAvx2
+                                                                : AdcKernel::kScalar;
+  return best;
+}
+
+AdcScanFn GetAdcScan(AdcKernel kernel) {
+  KNNSERVE_CHECK(CpuSupports(kernel), "ADC kernel not supported by this CPU");
+  switch (kernel) {
+    case AdcKernel::kScalar:
+      return adc_internal::ScanScalar;
+    case AdcKernel::kAvx2:
+      return adc_internal::ScanAvx2;
+    case AdcKernel::kAvx512:
+      return adc_internal::ScanAvx512;
+  }
+  return adc_internal::ScanScalar;
+}
+
+namespace adc_internal {
+
+void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
+                int m_count, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* code = codes + i * m_count;
+    for (int q = 0; q < num_queries; ++q) {
+      const float* lut = luts[q];
+      float acc[16] = {};
+      for (int m = 0; m < m_count; ++m) acc[m % 16] += lut[m * 256 + code[m]];
+      for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
+      for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
+      for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
+      out[q * n + i] = acc[0] + acc[1];
+    }
+  }
+}
+
+}  // namespace adc_internal
+}  // namespace knnserve

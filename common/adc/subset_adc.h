@@ -1,0 +1,96 @@
+// Subset ADC: k-nearest-neighbour search restricted to the tokens of given sentences, over
+// 8-bit PQ codes stored grouped by sentence (the core of subset kNN-MT; faiss cannot search a
+// dynamic subset without scanning everything).
+//
+// Per query the m x 256 distance table (LUT) is built once; the queries of one subset group (a
+// beam) share one pass over the codes of the group's sentences; k-selection keeps a bounded
+// heap per query. The scan kernel is picked at run time (adc_kernels.h) and gives bit-identical
+// results whichever it is.
+#ifndef KNNSERVE_COMMON_ADC_SUBSET_ADC_H_
+#define KNNSERVE_COMMON_ADC_SUBSET_ADC_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/adc/adc_kernels.h"
+#include "common/adc/pq_codebook.h"
+#include "common/matrix.h"
+#include "common/request.h"
+#include "common/search_types.h"
+
+namespace knnserve {
+
+// PQ codes of the contiguous sentence range [sentence_begin, sentence_begin + num_sentences()),
+// whose tokens are the contiguous global ids [token_begin, token_begin + num_vectors()).
+struct SubsetCodes {
+  int m = 0;                     // code bytes per vector
+  int64_t sentence_begin = 0;    // global id of the first sentence
+  int64_t token_begin = 0;       // global token id of the first code
+  std::vector<int64_t> offsets;  // num_sentences() + 1 local token offsets, offsets[0] == 0
+  std::vector<uint8_t> codes;    // num_vectors() x m, sentence after sentence
+
+  int64_t num_sentences() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t num_vectors() const { return offsets.empty() ? 0 : offsets.back(); }
+  int64_t sentence_end() const { return sentence_begin + num_sentences(); }
+};
+
+// The neighbours of a subset search (global token ids) and how many codes were scanned.
+struct SubsetResult {
+  Neighbors neighbors;
+  int64_t vectors_scanned = 0;
+};
+
+// Thread-safety: immutable after Create; SearchSubset is const and safe from many threads.
+class SubsetAdc {
+ public:
+  struct Options {
+    int threads = 1;                      // OpenMP threads across subset groups
+    AdcKernel kernel = BestAdcKernel();   // must be supported by this CPU
+  };
+
+  // Checks that the codes match the codebook and the offsets are consistent.
+  static absl::StatusOr<std::unique_ptr<SubsetAdc>> Create(PqCodebook codebook, Metric metric,
+                                                           SubsetCodes codes, Options options);
+
+  // queries: rows x codebook().dim(), already passed through the quantizer's transform.
+  // Row r may match the tokens of the sentences groups[row_group[r]] (global sentence ids,
+  // any order, distinct); sentences outside this slice are skipped (another shard holds them).
+  // Returns rows x k neighbours in RanksBefore order with global token ids; distances are the
+  // ADC approximations (squared L2 or inner product in the transformed space).
+  absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
+                                            const SubsetGroups& groups,
+                                            absl::Span<const int32_t> row_group, int k) const;
+
+  // The m x 256 table of `query` (codebook().dim() floats): per sub-quantizer and centroid, the
+  // squared L2 distance (or inner product) of the query's sub-vector to the centroid.
+  void ComputeLut(const float* query, float* lut) const;
+
+  const PqCodebook& codebook() const { return codebook_; }
+  const SubsetCodes& codes() const { return codes_; }
+  Metric metric() const { return metric_; }
+  AdcKernel kernel() const { return options_.kernel; }
+
+ private:
+  SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Options options);
+
+  struct Scratch;
+  // Searches the rows of one group into `out`; returns the number of codes scanned.
+  int64_t SearchGroup(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
+                      absl::Span<const int64_t> rows, int k, Scratch& scratch,
+                      Neighbors& out) const;
+
+  const PqCodebook codebook_;
+  const Metric metric_;
+  const SubsetCodes codes_;
+  const Options options_;
+  const AdcScanFn scan_;
+  // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
+  std::vector<float> centroids_t_;
+};
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_ADC_SUBSET_ADC_H_

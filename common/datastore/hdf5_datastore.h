@@ -1,0 +1,50 @@
+// The HDF5 adapter for the datastore files (DESIGN.md "Datastore on disk"):
+//   keys.h5:   /keys float16 or float32 [N, d] (float16 as h5py writes it)
+//   values.h5: /tokens int32 [N], /offsets int64 [S + 1]
+// This file's .cc is the only one that calls HDF5; its exceptions become absl::Status there.
+#ifndef KNNSERVE_COMMON_DATASTORE_HDF5_DATASTORE_H_
+#define KNNSERVE_COMMON_DATASTORE_HDF5_DATASTORE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/datastore/key_source.h"
+#include "common/matrix.h"
+
+namespace knnserve {
+
+// Reads /keys of a keys.h5 file. Thread-compatible (the HDF5 library is serial).
+class Hdf5KeySource : public KeySource {
+ public:
+  static absl::StatusOr<std::unique_ptr<Hdf5KeySource>> Open(const std::string& path);
+  ~Hdf5KeySource() override;
+
+  int64_t rows() const override { return rows_; }
+  int dim() const override { return dim_; }
+  bool is_fp16() const { return fp16_; }
+  absl::Status Read(int64_t begin, int64_t end, float* out) const override;
+
+ private:
+  struct Handles;
+  Hdf5KeySource(std::string path, std::unique_ptr<Handles> handles, int64_t rows, int dim,
+                bool fp16);
+
+  const std::string path_;
+  std::unique_ptr<Handles> handles_;
+  const int64_t rows_;
+  const int dim_;
+  const bool fp16_;
+};
+
+// Reads /tokens and /offsets of a values.h5 file and validates them.
+absl::StatusOr<DatastoreValues> ReadValuesHdf5(const std::string& path);
+
+// Writers, for tests and tools that make small datastores (the datastore pipeline has its own
+// resumable writer). Plain HDF5 writes; not atomic.
+absl::Status WriteKeysHdf5(const std::string& path, MatrixView<const float> keys, bool fp16);
+absl::Status WriteValuesHdf5(const std::string& path, const DatastoreValues& values);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_DATASTORE_HDF5_DATASTORE_H_

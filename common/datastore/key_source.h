@@ -1,0 +1,50 @@
+// Where an index build reads its keys and values from: the datastore's HDF5 files
+// (hdf5_datastore.h) or, in tests and embedded use, vectors already in memory.
+#ifndef KNNSERVE_COMMON_DATASTORE_KEY_SOURCE_H_
+#define KNNSERVE_COMMON_DATASTORE_KEY_SOURCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/matrix.h"
+
+namespace knnserve {
+
+// rows() x dim() float keys, read in row ranges. Thread-compatible (HDF5 is serial).
+class KeySource {
+ public:
+  virtual ~KeySource() = default;
+  virtual int64_t rows() const = 0;
+  virtual int dim() const = 0;
+  // Reads rows [begin, end) into out ((end - begin) x dim() floats).
+  // REQUIRES: 0 <= begin <= end <= rows().
+  virtual absl::Status Read(int64_t begin, int64_t end, float* out) const = 0;
+};
+
+// Keys borrowed from memory; `keys` must outlive the source.
+class MatrixKeySource : public KeySource {
+ public:
+  explicit MatrixKeySource(MatrixView<const float> keys) : keys_(keys) {}
+  int64_t rows() const override { return keys_.rows; }
+  int dim() const override { return static_cast<int>(keys_.cols); }
+  absl::Status Read(int64_t begin, int64_t end, float* out) const override;
+
+ private:
+  MatrixView<const float> keys_;
+};
+
+// The value side of a datastore (DESIGN.md, values.h5): tokens[i] is the value of key i;
+// sentence s holds the tokens [offsets[s], offsets[s + 1]).
+struct DatastoreValues {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> offsets;  // num_sentences() + 1 entries, offsets[0] == 0
+
+  int64_t num_sentences() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  // INVALID_ARGUMENT unless offsets start at 0, never decrease and end at tokens.size().
+  absl::Status Validate() const;
+};
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_DATASTORE_KEY_SOURCE_H_

@@ -1,0 +1,172 @@
+#include "common/files.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+
+namespace knnserve {
+namespace {
+
+absl::Status ErrnoError(absl::string_view what, const std::string& path) {
+  const int err = errno;
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// The rename is durable only once the directory entry is on disk too.
+absl::Status FsyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return ErrnoError("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return ErrnoError("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct Sha256::Ctx {
+  EVP_MD_CTX* md = nullptr;
+};
+
+Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
+  ctx_->md = EVP_MD_CTX_new();
+  KNNSERVE_CHECK(ctx_->md != nullptr, "EVP_MD_CTX_new failed");
+  KNNSERVE_CHECK(EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) == 1, "sha256 init failed");
+}
+
+Sha256::~Sha256() { EVP_MD_CTX_free(ctx_->md); }
+
+void Sha256::Update(const void* data, size_t size) {
+  KNNSERVE_CHECK(EVP_DigestUpdate(ctx_->md, data, size) == 1, "sha256 update failed");
+}
+
+std::string Sha256::HexDigest() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  KNNSERVE_CHECK(EVP_DigestFinal_ex(ctx_->md, digest, &length) == 1, "sha256 final failed");
+  std::string hex;
+  hex.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
+
+std::string Sha256Hex(absl::string_view data) {
+  Sha256 sha;
+  sha.Update(data.data(), data.size());
+  return sha.HexDigest();
+}
+
+absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(std::string path) {
+  std::string temp_path = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("cannot create", temp_path);
+  return std::unique_ptr<AtomicFileWriter>(
+      new AtomicFileWriter(std::move(path), std::move(temp_path), fd));
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path, std::string temp_path, int fd)
+    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temp_path_.c_str());
+}
+
+absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
+  KNNSERVE_CHECK(!committed_ && fd_ >= 0, "Append after Commit");
+  const char* p = static_cast<const char*>(data);
+  size_t left = size;
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot write", temp_path_);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  sha_.Update(data, size);
+  bytes_ += static_cast<int64_t>(size);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FileDigest> AtomicFileWriter::Commit() {
+  KNNSERVE_CHECK(!committed_ && fd_ >= 0, "Commit called twice");
+  if (::fsync(fd_) != 0) return ErrnoError("cannot fsync", temp_path_);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) return ErrnoError("cannot close", temp_path_);
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    return ErrnoError(absl::StrCat("cannot rename ", temp_path_, " to"), path_);
+  }
+  committed_ = true;
+  if (absl::Status s = FsyncDirectory(DirectoryOf(path_)); !s.ok()) return s;
+  return FileDigest{bytes_, sha_.HexDigest()};
+}
+
+absl::StatusOr<FileDigest> WriteFileAtomically(const std::string& path, absl::string_view data) {
+  absl::StatusOr<std::unique_ptr<AtomicFileWriter>> writer = AtomicFileWriter::Create(path);
+  if (!writer.ok()) return writer.status();
+  if (absl::Status s = (*writer)->Append(data); !s.ok()) return s;
+  return (*writer)->Commit();
+}
+
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return ErrnoError("cannot stat", path);
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      return n < 0 ? ErrnoError("cannot read", path)
+                   : absl::DataLossError(absl::StrCat("file shrank while reading: ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return bytes;
+}
+
+absl::StatusOr<std::vector<uint8_t>> ReadVerifiedFile(const std::string& path,
+                                                      const FileDigest& expected) {
+  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
+  if (!bytes.ok()) return bytes.status();
+  if (static_cast<int64_t>(bytes->size()) != expected.bytes) {
+    return absl::DataLossError(absl::StrCat(path, " has ", bytes->size(),
+                                            " bytes, the manifest says ", expected.bytes,
+                                            " (truncated or replaced?)"));
+  }
+  Sha256 sha;
+  sha.Update(bytes->data(), bytes->size());
+  if (const std::string actual = sha.HexDigest(); actual != expected.sha256) {
+    return absl::DataLossError(absl::StrCat(path, " has sha256 ", actual,
+                                            ", the manifest says ", expected.sha256,
+                                            " (corrupted?)"));
+  }
+  return bytes;
+}
+
+}  // namespace knnserve

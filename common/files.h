@@ -1,0 +1,84 @@
+// Durable file writes and content digests, shared by the index and datastore pipelines.
+//
+// Every file knnserve produces is written to a temporary name in the same directory, fsynced,
+// renamed over the final name and the directory fsynced: a crash leaves either the old file or
+// the complete new one, never a half-written file that looks whole.
+#ifndef KNNSERVE_COMMON_FILES_H_
+#define KNNSERVE_COMMON_FILES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace knnserve {
+
+// Incremental SHA-256 (OpenSSL EVP). Thread-compatible.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
+  void Update(const void* data, size_t size);
+  // Lower-case hex digest (64 characters). Call once.
+  std::string HexDigest();
+
+ private:
+  struct Ctx;
+  std::unique_ptr<Ctx> ctx_;
+};
+
+std::string Sha256Hex(absl::string_view data);
+
+// Size and SHA-256 of a file's content, as recorded in manifests.
+struct FileDigest {
+  int64_t bytes = 0;
+  std::string sha256;  // lower-case hex
+};
+
+// Writes a file atomically: Append() goes to "<path>.tmp.<pid>", Commit() fsyncs it, renames it
+// to `path` and fsyncs the directory. Destroying an uncommitted writer removes the temporary
+// file. Thread-compatible.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Create(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  absl::Status Append(const void* data, size_t size);
+  absl::Status Append(absl::string_view data) { return Append(data.data(), data.size()); }
+  // Returns the digest of everything appended. No Append() after Commit().
+  absl::StatusOr<FileDigest> Commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string temp_path, int fd);
+
+  const std::string path_;
+  const std::string temp_path_;
+  int fd_;
+  bool committed_ = false;
+  int64_t bytes_ = 0;
+  Sha256 sha_;
+};
+
+// One-shot atomic write of `data` to `path`.
+absl::StatusOr<FileDigest> WriteFileAtomically(const std::string& path, absl::string_view data);
+
+// Reads a whole file.
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+
+// Reads a whole file and checks it against `expected`; DATA_LOSS naming the file when the size
+// or the SHA-256 differ (a truncated or corrupted file).
+absl::StatusOr<std::vector<uint8_t>> ReadVerifiedFile(const std::string& path,
+                                                      const FileDigest& expected);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_FILES_H_

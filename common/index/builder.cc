@@ -1,0 +1,194 @@
+#include "common/index/builder.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/index/faiss_index.h"
+#include "common/index/shard_data.h"
+#include "common/status_macros.h"
+
+namespace knnserve {
+namespace {
+
+struct ShardRange {
+  int64_t id_begin, id_end, sentence_begin, sentence_end;
+};
+
+absl::Status CheckOptions(const KeySource& keys, const DatastoreValues* values,
+                          const IndexBuildOptions& o) {
+  if (o.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards = ", o.shards));
+  if (o.threads < 1) return absl::InvalidArgumentError(absl::StrCat("threads = ", o.threads));
+  if (o.chunk_rows < 1 || o.train_size < 1) {
+    return absl::InvalidArgumentError("chunk_rows and train_size must be positive");
+  }
+  if (keys.rows() < o.shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.rows(), " keys cannot fill ", o.shards, " shards"));
+  }
+  if (values != nullptr) {
+    RETURN_IF_ERROR(values->Validate());
+    if (static_cast<int64_t>(values->tokens.size()) != keys.rows()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "values hold ", values->tokens.size(), " tokens but keys hold ", keys.rows(), " rows"));
+    }
+    if (values->num_sentences() < o.shards) {
+      return absl::InvalidArgumentError(absl::StrCat(values->num_sentences(),
+                                                     " sentences cannot fill ", o.shards,
+                                                     " shards"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Equal-sized id ranges; with values, each boundary moves to the nearest sentence boundary
+// (keeping every shard at least one sentence).
+std::vector<ShardRange> SplitShards(int64_t rows, int shards, const DatastoreValues* values) {
+  std::vector<ShardRange> out(shards);
+  if (values == nullptr) {
+    for (int s = 0; s < shards; ++s) {
+      out[s] = {rows * s / shards, rows * (s + 1) / shards, 0, 0};
+    }
+    return out;
+  }
+  const std::vector<int64_t>& offsets = values->offsets;
+  const int64_t sentences = values->num_sentences();
+  std::vector<int64_t> cut(shards + 1);
+  cut[0] = 0;
+  cut[shards] = sentences;
+  for (int s = 1; s < shards; ++s) {
+    const int64_t target = rows * s / shards;
+    int64_t j = std::lower_bound(offsets.begin(), offsets.end(), target) - offsets.begin();
+    if (j > 0 && target - offsets[j - 1] < offsets[j] - target) --j;
+    cut[s] = std::clamp<int64_t>(j, cut[s - 1] + 1, sentences - (shards - s));
+  }
+  for (int s = 0; s < shards; ++s) {
+    out[s] = {offsets[cut[s]], offsets[cut[s + 1]], cut[s], cut[s + 1]};
+  }
+  return out;
+}
+
+// A uniform sample of train_size rows (selection sampling: sequential, sorted, seeded), or all.
+absl::StatusOr<Matrix<float>> ReadTrainingSample(const KeySource& keys,
+                                                 const IndexBuildOptions& o) {
+  const int64_t n = keys.rows();
+  const int64_t want = std::min(n, o.train_size);
+  Matrix<float> sample(want, keys.dim());
+  if (want == n) {
+    RETURN_IF_ERROR(keys.Read(0, n, sample.data()));
+    return sample;
+  }
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  Matrix<float> chunk(std::min(o.chunk_rows, n), keys.dim());
+  int64_t taken = 0;
+  ProgressBar bar("read training sample", n, o.progress);
+  for (int64_t begin = 0; begin < n && taken < want; begin += o.chunk_rows) {
+    const int64_t end = std::min(n, begin + o.chunk_rows);
+    bool read = false;
+    for (int64_t i = begin; i < end && taken < want; ++i) {
+      if (uniform(rng) * (n - i) >= want - taken) continue;
+      if (!read) {
+        RETURN_IF_ERROR(keys.Read(begin, end, chunk.data()));
+        read = true;
+      }
+      std::copy(chunk.row(i - begin), chunk.row(i - begin + 1), sample.row(taken++));
+    }
+    bar.Add(end - begin);
+  }
+  return sample;
+}
+
+std::string ShardFile(int shard, absl::string_view ext) {
+  return absl::StrFormat("shard-%05d.%s", shard, ext);
+}
+
+}  // namespace
+
+absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreValues* values,
+                                         const IndexBuildOptions& options,
+                                         const std::string& out_dir) {
+  RETURN_IF_ERROR(CheckOptions(keys, values, options));
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  auto path = [&out_dir](const std::string& file) { return absl::StrCat(out_dir, "/", file); };
+
+  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> trained,
+                   FaissIndex::Create(options.factory, keys.dim(), options.metric,
+                                      options.threads));
+  std::unique_ptr<SubsetQuantizer> quantizer;
+  {
+    ASSIGN_OR_RETURN(Matrix<float> sample, ReadTrainingSample(keys, options));
+    if (!trained->is_trained()) RETURN_IF_ERROR(trained->Train(sample.view()));
+    const int subset_m = options.subset_m > 0 ? options.subset_m : trained->pq_m();
+    if (values != nullptr && subset_m > 0) {
+      ASSIGN_OR_RETURN(quantizer, SubsetQuantizer::Train(*trained, subset_m, sample.view(),
+                                                         options.threads));
+    }
+  }
+
+  IndexManifest manifest;
+  manifest.factory = options.factory;
+  manifest.metric = options.metric;
+  manifest.dim = keys.dim();
+  manifest.total_vectors = keys.rows();
+  manifest.num_sentences = values != nullptr ? values->num_sentences() : 0;
+  if (quantizer != nullptr) {
+    manifest.subset_m = quantizer->codebook().m;
+    const std::string file = "subset_quantizer.faiss";
+    ASSIGN_OR_RETURN(FileDigest digest, quantizer->Save(path(file)));
+    manifest.subset_quantizer = ManifestFile{file, digest};
+  }
+
+  ProgressBar bar("index add", keys.rows(), options.progress);
+  Matrix<float> chunk(std::min(options.chunk_rows, keys.rows()), keys.dim());
+  const std::vector<ShardRange> ranges = SplitShards(keys.rows(), options.shards, values);
+  for (int s = 0; s < options.shards; ++s) {
+    const ShardRange& r = ranges[s];
+    ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> shard, trained->CloneEmpty());
+    SubsetCodes codes;
+    for (int64_t begin = r.id_begin; begin < r.id_end; begin += options.chunk_rows) {
+      const int64_t end = std::min(r.id_end, begin + options.chunk_rows);
+      const MatrixView<const float> rows{chunk.data(), end - begin, keys.dim()};
+      RETURN_IF_ERROR(keys.Read(begin, end, chunk.data()));
+      RETURN_IF_ERROR(shard->Add(rows));
+      if (quantizer != nullptr) {
+        ASSIGN_OR_RETURN(Matrix<uint8_t> c, quantizer->Encode(rows));
+        codes.codes.insert(codes.codes.end(), c.data(), c.data() + c.size());
+      }
+      bar.Add(end - begin);
+    }
+    ShardManifest entry{r.id_begin, r.id_end, r.sentence_begin, r.sentence_end, {}, {}, {}};
+    entry.index.file = ShardFile(s, "faiss");
+    ASSIGN_OR_RETURN(entry.index.digest, shard->Save(path(entry.index.file)));
+    if (values != nullptr) {
+      const std::string file = ShardFile(s, "values");
+      ASSIGN_OR_RETURN(FileDigest digest,
+                       WriteFileAtomically(path(file), SerializeValues(absl::MakeConstSpan(
+                                                           values->tokens.data() + r.id_begin,
+                                                           r.id_end - r.id_begin))));
+      entry.values = ManifestFile{file, digest};
+    }
+    if (quantizer != nullptr) {
+      codes.m = quantizer->codebook().m;
+      codes.offsets.assign(values->offsets.begin() + r.sentence_begin,
+                           values->offsets.begin() + r.sentence_end + 1);
+      for (int64_t& o : codes.offsets) o -= r.id_begin;
+      const std::string file = ShardFile(s, "subset");
+      ASSIGN_OR_RETURN(FileDigest digest,
+                       WriteFileAtomically(path(file), SerializeSubsetCodes(codes)));
+      entry.subset_codes = ManifestFile{file, digest};
+    }
+    manifest.shards.push_back(std::move(entry));
+  }
+  bar.Finish();
+  RETURN_IF_ERROR(WriteManifest(out_dir, manifest).status());
+  return manifest;
+}
+
+}  // namespace knnserve

@@ -1,0 +1,43 @@
+// Sharded index build: train once on a sample, split the vectors into S shards by contiguous
+// global id ranges (at sentence boundaries when values are given, so each shard's tokens are
+// exactly the tokens of its sentences), every shard a copy of the one trained index, and write
+// the index directory: one faiss file per shard, its values and subset codes, the subset
+// quantizer, and the manifest last. All files are written atomically.
+#ifndef KNNSERVE_COMMON_INDEX_BUILDER_H_
+#define KNNSERVE_COMMON_INDEX_BUILDER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/datastore/key_source.h"
+#include "common/index/manifest.h"
+#include "common/progress.h"
+#include "common/search_types.h"
+
+namespace knnserve {
+
+struct IndexBuildOptions {
+  std::string factory = "Flat";  // faiss index_factory string
+  Metric metric = Metric::kL2;
+  int shards = 1;
+  int64_t train_size = 1'000'000;  // rows sampled (uniformly, seeded) to train; all if fewer
+  int threads = 1;                 // OpenMP threads for training, adding and encoding
+  int64_t chunk_rows = 65536;      // keys read and added per step
+  uint64_t seed = 1;
+  // Subset codes (built when values are given): sub-quantizers of the subset PQ; 0 takes the
+  // index's own PQ M, and builds no subset codes for an index without PQ.
+  int subset_m = 0;
+  ProgressBar::Options progress;
+};
+
+// Builds the index of `keys` into `out_dir` (created if missing). `values` may be null; when
+// set it must have keys.rows() tokens, and each shard then carries its values and, see
+// subset_m, the subset PQ codes of its sentences.
+absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreValues* values,
+                                         const IndexBuildOptions& options,
+                                         const std::string& out_dir);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_INDEX_BUILDER_H_

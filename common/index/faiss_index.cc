@@ -1,0 +1,355 @@
+// The one file that calls faiss. Every entry point runs its faiss calls inside Guard(), which
+// turns faiss::FaissException (and anything else faiss throws) into an absl::Status.
+#include "common/index/faiss_index.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <exception>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status_macros.h"
+#include "faiss/IndexHNSW.h"
+#include "faiss/IndexIVF.h"
+#include "faiss/IndexIVFPQ.h"
+#include "faiss/IndexPQ.h"
+#include "faiss/IndexPreTransform.h"
+#include "faiss/clone_index.h"  // Cloner for the subset quantizer's transforms
+#include "faiss/impl/FaissException.h"
+#include "faiss/impl/io.h"
+#include "faiss/index_factory.h"
+#include "faiss/index_io.h"
+
+namespace knnserve {
+namespace {
+
+using idx_t = faiss::Index::idx_t;
+
+// Runs `body` with OpenMP set to `threads` on this thread, converting exceptions to a Status
+// that says what was being done.
+template <typename Body>
+absl::Status Guard(absl::string_view what, int threads, Body&& body) {
+  // LibTorch (and openblas_set_num_threads) may have set OpenMP to 1 thread on this thread.
+  omp_set_num_threads(threads);
+  try {
+    body();
+    return absl::OkStatus();
+  } catch (const faiss::FaissException& e) {
+    return absl::InvalidArgumentError(absl::StrCat("faiss: ", what, ": ", e.msg));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("faiss: ", what, ": out of memory"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("faiss: ", what, ": ", e.what()));
+  }
+}
+
+faiss::MetricType ToFaiss(Metric metric) {
+  return metric == Metric::kL2 ? faiss::METRIC_L2 : faiss::METRIC_INNER_PRODUCT;
+}
+
+absl::Status CheckThreads(int threads) {
+  if (threads < 1) return absl::InvalidArgumentError(absl::StrCat("threads = ", threads));
+  return absl::OkStatus();
+}
+
+absl::Status CheckCols(MatrixView<const float> m, int dim, absl::string_view what) {
+  if (m.cols != dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " have dimension ", m.cols, ", the index has ", dim));
+  }
+  return absl::OkStatus();
+}
+
+// The index below any IndexPreTransform.
+const faiss::Index* Unwrap(const faiss::Index* index) {
+  if (auto* pre = dynamic_cast<const faiss::IndexPreTransform*>(index)) return pre->index;
+  return index;
+}
+
+// Per-call search parameters for the index nesting faiss builds from factory strings:
+// [PreTransform ->] IVF (quantizer maybe HNSW) | HNSW | anything else. nprobe/ef_search of 0
+// keep the index's own settings; faiss's parameter structs default to nprobe 1, so the index's
+// value is copied in explicitly.
+class ParamChain {
+ public:
+  ParamChain(const faiss::Index* index, const SearchParams& params) {
+    faiss::SearchParameters* inner = nullptr;
+    const faiss::Index* base = Unwrap(index);
+    if (auto* ivf = dynamic_cast<const faiss::IndexIVF*>(base)) {
+      ivf_.nprobe = params.nprobe > 0 ? params.nprobe : ivf->nprobe;
+      if (params.ef_search > 0 && dynamic_cast<const faiss::IndexHNSW*>(ivf->quantizer)) {
+        hnsw_.efSearch = params.ef_search;
+        ivf_.quantizer_params = &hnsw_;
+      }
+      inner = &ivf_;
+    } else if (auto* hnsw = dynamic_cast<const faiss::IndexHNSW*>(base)) {
+      hnsw_.efSearch = params.ef_search > 0 ? params.ef_search : hnsw->hnsw.efSearch;
+      inner = &hnsw_;
+    }
+    if (inner != nullptr && base != index) {
+      pre_.index_params = inner;
+      top_ = &pre_;
+    } else {
+      top_ = inner;
+    }
+  }
+  ParamChain(const ParamChain&) = delete;
+  ParamChain& operator=(const ParamChain&) = delete;
+
+  const faiss::SearchParameters* get() const { return top_; }
+
+ private:
+  faiss::SearchParametersPreTransform pre_;
+  faiss::SearchParametersIVF ivf_;
+  faiss::SearchParametersHNSW hnsw_;
+  const faiss::SearchParameters* top_ = nullptr;
+};
+
+// faiss marks missing results with id -1 and FLT_MAX-like distances, and orders ties
+// arbitrarily; shards must agree exactly with an unsharded index, so rows are normalised to
+// RanksBefore order with WorstDistance for missing entries.
+void NormaliseRows(Metric metric, Neighbors& out) {
+  std::vector<int> order(out.k);
+  std::vector<float> dist(out.k);
+  std::vector<int64_t> ids(out.k);
+  for (int64_t r = 0; r < out.rows; ++r) {
+    float* d = out.distances.data() + r * out.k;
+    int64_t* id = out.ids.data() + r * out.k;
+    for (int j = 0; j < out.k; ++j) {
+      if (id[j] < 0) d[j] = WorstDistance(metric);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      return RanksBefore(metric, d[a], id[a], d[b], id[b]);
+    });
+    for (int j = 0; j < out.k; ++j) {
+      dist[j] = d[order[j]];
+      ids[j] = id[order[j]];
+    }
+    std::copy(dist.begin(), dist.end(), d);
+    std::copy(ids.begin(), ids.end(), id);
+  }
+}
+
+absl::StatusOr<FileDigest> SaveFaiss(const faiss::Index* index, const std::string& path) {
+  faiss::VectorIOWriter writer;
+  absl::Status s = Guard(absl::StrCat("write_index ", path), 1,
+                         [&] { faiss::write_index(index, &writer); });
+  if (!s.ok()) return s;
+  return WriteFileAtomically(
+      path, absl::string_view(reinterpret_cast<const char*>(writer.data.data()),
+                              writer.data.size()));
+}
+
+absl::StatusOr<std::unique_ptr<faiss::Index>> ReadFaiss(std::vector<uint8_t> bytes) {
+  faiss::VectorIOReader reader;
+  reader.data = std::move(bytes);
+  std::unique_ptr<faiss::Index> index;
+  absl::Status s = Guard("read_index", 1, [&] { index.reset(faiss::read_index(&reader)); });
+  if (!s.ok()) return s;
+  return index;
+}
+
+}  // namespace
+
+FaissIndex::FaissIndex(std::unique_ptr<faiss::Index> index, int threads)
+    : index_(std::move(index)), threads_(threads) {}
+
+FaissIndex::~FaissIndex() = default;
+
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Create(const std::string& factory,
+                                                               int dim, Metric metric,
+                                                               int threads) {
+  if (absl::Status s = CheckThreads(threads); !s.ok()) return s;
+  if (dim <= 0) return absl::InvalidArgumentError(absl::StrCat("index dimension ", dim));
+  std::unique_ptr<faiss::Index> index;
+  absl::Status s = Guard(absl::StrCat("index_factory(", dim, ", \"", factory, "\")"), threads,
+                         [&] { index.reset(faiss::index_factory(dim, factory.c_str(),
+                                                                ToFaiss(metric))); });
+  if (!s.ok()) return s;
+  // index_factory turns on polysemous training for IVFPQ: a simulated-annealing reordering of
+  // the codebook that only polysemous (Hamming-filtered) search uses, and which dominates the
+  // training time. knnserve never searches in polysemous mode.
+  if (auto* ivfpq = dynamic_cast<faiss::IndexIVFPQ*>(
+          const_cast<faiss::Index*>(Unwrap(index.get())))) {
+    ivfpq->do_polysemous_training = false;
+  }
+  return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(index), threads));
+}
+
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Deserialize(std::vector<uint8_t> bytes,
+                                                                    int threads) {
+  if (absl::Status s = CheckThreads(threads); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<faiss::Index>> index = ReadFaiss(std::move(bytes));
+  if (!index.ok()) return index.status();
+  const faiss::MetricType metric = (*index)->metric_type;
+  if (metric != faiss::METRIC_L2 && metric != faiss::METRIC_INNER_PRODUCT) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("faiss index has metric ", metric, "; only L2 and inner product are served"));
+  }
+  return std::unique_ptr<FaissIndex>(new FaissIndex(*std::move(index), threads));
+}
+
+int FaissIndex::dim() const { return index_->d; }
+
+Metric FaissIndex::metric() const {
+  return index_->metric_type == faiss::METRIC_L2 ? Metric::kL2 : Metric::kInnerProduct;
+}
+
+int64_t FaissIndex::size() const { return index_->ntotal; }
+
+bool FaissIndex::is_trained() const { return index_->is_trained; }
+
+absl::Status FaissIndex::Train(MatrixView<const float> sample) {
+  RETURN_IF_ERROR(CheckCols(sample, dim(), "training vectors"));
+  return Guard(absl::StrCat("train on ", sample.rows, " vectors"), threads_,
+               [&] { index_->train(sample.rows, sample.data); });
+}
+
+absl::Status FaissIndex::Add(MatrixView<const float> vectors) {
+  RETURN_IF_ERROR(CheckCols(vectors, dim(), "added vectors"));
+  if (!is_trained()) return absl::FailedPreconditionError("Add before Train");
+  return Guard(absl::StrCat("add ", vectors.rows, " vectors"), threads_,
+               [&] { index_->add(vectors.rows, vectors.data); });
+}
+
+absl::StatusOr<Neighbors> FaissIndex::Search(MatrixView<const float> queries,
+                                             const SearchParams& params) const {
+  RETURN_IF_ERROR(CheckCols(queries, dim(), "queries"));
+  if (params.k <= 0) return absl::InvalidArgumentError(absl::StrCat("k = ", params.k));
+  Neighbors out;
+  out.rows = queries.rows;
+  out.k = params.k;
+  out.distances.resize(queries.rows * params.k);
+  std::vector<idx_t> labels(queries.rows * params.k);
+  const ParamChain chain(index_.get(), params);
+  RETURN_IF_ERROR(Guard("search", threads_, [&] {
+    index_->search(queries.rows, queries.data, params.k, out.distances.data(), labels.data(),
+                   chain.get());
+  }));
+  out.ids.assign(labels.begin(), labels.end());
+  NormaliseRows(metric(), out);
+  return out;
+}
+
+absl::StatusOr<FileDigest> FaissIndex::Save(const std::string& path) const {
+  return SaveFaiss(index_.get(), path);
+}
+
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
+  KNNSERVE_CHECK(is_trained() && size() == 0, "CloneEmpty of an untrained or non-empty index");
+  // A write_index/read_index round trip rather than faiss::clone_index: the cloner of faiss
+  // 1.7.3 does not know every index type (IVF with an HNSW quantizer), while every type the
+  // shards are stored in round-trips by definition.
+  faiss::VectorIOWriter writer;
+  RETURN_IF_ERROR(Guard("serialize trained index", 1, [&] { faiss::write_index(index_.get(),
+                                                                              &writer); }));
+  ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(std::move(writer.data)));
+  return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
+}
+
+int FaissIndex::pq_m() const {
+  const faiss::Index* base = Unwrap(index_.get());
+  if (auto* ivfpq = dynamic_cast<const faiss::IndexIVFPQ*>(base)) return ivfpq->pq.M;
+  if (auto* pq = dynamic_cast<const faiss::IndexPQ*>(base)) return pq->pq.M;
+  return 0;
+}
+
+// --- SubsetQuantizer ---------------------------------------------------------------------------
+
+namespace {
+
+const faiss::IndexPQ* InnerPq(const faiss::Index* index) {
+  auto* pre = dynamic_cast<const faiss::IndexPreTransform*>(index);
+  return pre == nullptr ? nullptr : dynamic_cast<const faiss::IndexPQ*>(pre->index);
+}
+
+}  // namespace
+
+SubsetQuantizer::SubsetQuantizer(std::unique_ptr<faiss::Index> index, int threads)
+    : index_(std::move(index)), threads_(threads) {
+  const faiss::IndexPQ* pq = InnerPq(index_.get());
+  KNNSERVE_CHECK(pq != nullptr, "SubsetQuantizer needs IndexPreTransform(IndexPQ)");
+  codebook_.m = static_cast<int>(pq->pq.M);
+  codebook_.dsub = static_cast<int>(pq->pq.dsub);
+  codebook_.centroids = pq->pq.centroids;
+}
+
+SubsetQuantizer::~SubsetQuantizer() = default;
+
+absl::StatusOr<std::unique_ptr<SubsetQuantizer>> SubsetQuantizer::Train(
+    const FaissIndex& index, int m, MatrixView<const float> sample, int threads) {
+  RETURN_IF_ERROR(CheckThreads(threads));
+  RETURN_IF_ERROR(CheckCols(sample, index.dim(), "subset training vectors"));
+  const faiss::Index* base = &index.faiss_index();
+  auto* pre = dynamic_cast<const faiss::IndexPreTransform*>(base);
+  const int dim = pre != nullptr ? pre->index->d : base->d;
+  if (m <= 0 || dim % m != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("subset PQ: ", m,
+                                                   " sub-quantizers do not divide dimension ",
+                                                   dim, " (after the index's transform)"));
+  }
+  if (sample.rows < PqCodebook::kCentroids) {
+    return absl::InvalidArgumentError(absl::StrCat("subset PQ needs at least ",
+                                                   PqCodebook::kCentroids,
+                                                   " training vectors, got ", sample.rows));
+  }
+  std::unique_ptr<faiss::IndexPreTransform> out;
+  RETURN_IF_ERROR(Guard("train subset PQ", threads, [&] {
+    out = std::make_unique<faiss::IndexPreTransform>(
+        new faiss::IndexPQ(dim, m, 8, base->metric_type));
+    out->own_fields = true;
+    if (pre != nullptr) {
+      faiss::Cloner cloner;
+      for (auto it = pre->chain.rbegin(); it != pre->chain.rend(); ++it) {
+        out->prepend_transform(cloner.clone_VectorTransform(*it));
+      }
+    }
+    out->train(sample.rows, sample.data);
+  }));
+  return std::unique_ptr<SubsetQuantizer>(new SubsetQuantizer(std::move(out), threads));
+}
+
+absl::StatusOr<std::unique_ptr<SubsetQuantizer>> SubsetQuantizer::Deserialize(
+    std::vector<uint8_t> bytes, int threads) {
+  RETURN_IF_ERROR(CheckThreads(threads));
+  absl::StatusOr<std::unique_ptr<faiss::Index>> index = ReadFaiss(std::move(bytes));
+  if (!index.ok()) return index.status();
+  const faiss::IndexPQ* pq = InnerPq(index->get());
+  if (pq == nullptr || pq->pq.nbits != 8) {
+    return absl::InvalidArgumentError(
+        "subset quantizer file is not an IndexPreTransform over an 8-bit IndexPQ");
+  }
+  return std::unique_ptr<SubsetQuantizer>(new SubsetQuantizer(*std::move(index), threads));
+}
+
+int SubsetQuantizer::input_dim() const { return index_->d; }
+
+absl::StatusOr<Matrix<float>> SubsetQuantizer::Transform(MatrixView<const float> x) const {
+  RETURN_IF_ERROR(CheckCols(x, input_dim(), "vectors"));
+  Matrix<float> out(x.rows, codebook_.dim());
+  RETURN_IF_ERROR(Guard("apply transform", threads_, [&] {
+    auto* pre = static_cast<const faiss::IndexPreTransform*>(index_.get());
+    const float* xt = pre->apply_chain(x.rows, x.data);
+    std::copy(xt, xt + out.size(), out.data());
+    if (xt != x.data) delete[] xt;
+  }));
+  return out;
+}
+
+absl::StatusOr<Matrix<uint8_t>> SubsetQuantizer::Encode(MatrixView<const float> x) const {
+  RETURN_IF_ERROR(CheckCols(x, input_dim(), "vectors"));
+  Matrix<uint8_t> codes(x.rows, codebook_.m);
+  RETURN_IF_ERROR(
+      Guard("encode", threads_, [&] { index_->sa_encode(x.rows, x.data, codes.data()); }));
+  return codes;
+}
+
+absl::StatusOr<FileDigest> SubsetQuantizer::Save(const std::string& path) const {
+  return SaveFaiss(index_.get(), path);
+}
+
+}  // namespace knnserve

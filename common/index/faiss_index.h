@@ -1,0 +1,101 @@
+// The faiss adapter: SearchIndex over any faiss index_factory string ("Flat", "IVF4096,PQ64",
+// "OPQ64_256,IVF4096,PQ64", "PCA256,IVF65536_HNSW32,PQ64", ...), and the subset quantizer
+// (the index's PCA/OPQ transform followed by an 8-bit product quantizer) that the subset ADC
+// engine scans with. This file's .cc is the only one that calls faiss: every faiss exception is
+// turned into an absl::Status there. Index files are faiss's own write_index format, readable
+// by faiss itself (faiss.read_index).
+//
+// OpenMP: each object carries the OpenMP thread count its callers chose and sets it
+// (omp_set_num_threads) on the calling thread before every faiss call, because LibTorch in the
+// same process sets OpenMP to one thread.
+#ifndef KNNSERVE_COMMON_INDEX_FAISS_INDEX_H_
+#define KNNSERVE_COMMON_INDEX_FAISS_INDEX_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/adc/pq_codebook.h"
+#include "common/index/search_index.h"
+
+namespace faiss {
+struct Index;
+}  // namespace faiss
+
+namespace knnserve {
+
+// Thread-safety: as SearchIndex.
+class FaissIndex : public SearchIndex {
+ public:
+  // An untrained index of dimension `dim` from a faiss index_factory string. threads >= 1.
+  static absl::StatusOr<std::unique_ptr<FaissIndex>> Create(const std::string& factory, int dim,
+                                                            Metric metric, int threads);
+  // Parses an index serialized in faiss's write_index format (the bytes of a Save()d file).
+  static absl::StatusOr<std::unique_ptr<FaissIndex>> Deserialize(std::vector<uint8_t> bytes,
+                                                                 int threads);
+  ~FaissIndex() override;
+
+  int dim() const override;
+  Metric metric() const override;
+  int64_t size() const override;
+  bool is_trained() const override;
+  absl::Status Train(MatrixView<const float> sample) override;
+  absl::Status Add(MatrixView<const float> vectors) override;
+  absl::StatusOr<Neighbors> Search(MatrixView<const float> queries,
+                                   const SearchParams& params) const override;
+  absl::StatusOr<FileDigest> Save(const std::string& path) const override;
+
+  // A copy of this index with the same trained state and no vectors: every shard of a sharded
+  // build starts from one. REQUIRES: is_trained() and size() == 0.
+  absl::StatusOr<std::unique_ptr<FaissIndex>> CloneEmpty() const;
+
+  // M of the index's product quantizer (IVFPQ, PQ), or 0 when it has none.
+  int pq_m() const;
+  int threads() const { return threads_; }
+  const faiss::Index& faiss_index() const { return *index_; }
+
+ private:
+  FaissIndex(std::unique_ptr<faiss::Index> index, int threads);
+
+  std::unique_ptr<faiss::Index> index_;
+  const int threads_;
+};
+
+// The subset quantizer: the vector transforms of an index (its PCA/OPQ chain, or none) followed
+// by an 8-bit product quantizer trained on the transformed sample. Codes are m bytes per
+// vector. Stored as a faiss IndexPreTransform(chain, IndexPQ) without vectors.
+// Thread-safety: const methods are safe from many threads at once.
+class SubsetQuantizer {
+ public:
+  // Trains the product quantizer (m sub-quantizers, 256 centroids each) on `sample` passed
+  // through `index`'s transform chain. The transformed dimension must be a multiple of m, and
+  // sample needs at least 256 rows.
+  static absl::StatusOr<std::unique_ptr<SubsetQuantizer>> Train(const FaissIndex& index, int m,
+                                                                MatrixView<const float> sample,
+                                                                int threads);
+  static absl::StatusOr<std::unique_ptr<SubsetQuantizer>> Deserialize(std::vector<uint8_t> bytes,
+                                                                      int threads);
+  ~SubsetQuantizer();
+
+  int input_dim() const;  // dimension of keys and queries
+  const PqCodebook& codebook() const { return codebook_; }
+
+  // Applies the transform chain: rows x input_dim() -> rows x codebook().dim().
+  absl::StatusOr<Matrix<float>> Transform(MatrixView<const float> x) const;
+  // Transform + encode: rows x input_dim() -> rows x m codes.
+  absl::StatusOr<Matrix<uint8_t>> Encode(MatrixView<const float> x) const;
+  absl::StatusOr<FileDigest> Save(const std::string& path) const;
+
+ private:
+  SubsetQuantizer(std::unique_ptr<faiss::Index> index, int threads);
+
+  std::unique_ptr<faiss::Index> index_;  // IndexPreTransform(chain, IndexPQ)
+  const int threads_;
+  PqCodebook codebook_;
+};
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_INDEX_FAISS_INDEX_H_

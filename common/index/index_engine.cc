@@ -1,0 +1,216 @@
+#include "common/index/index_engine.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/adc/subset_adc.h"
+#include "common/index/faiss_index.h"
+#include "common/index/manifest.h"
+#include "common/index/shard_data.h"
+#include "common/status_macros.h"
+#include "common/topk.h"
+
+namespace knnserve {
+namespace {
+
+absl::StatusOr<std::vector<uint8_t>> ReadChecked(const std::string& dir, const ManifestFile& f) {
+  return ReadVerifiedFile(absl::StrCat(dir, "/", f.file), f.digest);
+}
+
+absl::Status CheckQuery(const EngineInfo& info, const SearchQuery& query) {
+  if (query.queries.cols() != info.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("queries have dimension ",
+                                                   query.queries.cols(), ", the index has ",
+                                                   info.dim));
+  }
+  return CheckFinite(query.queries, "queries");
+}
+
+// One shard: faiss index (local ids), values, optional subset ADC over its sentences.
+// Thread-safety: immutable; Search is const and thread-safe.
+class ShardEngine : public SearchEngine {
+ public:
+  ShardEngine(EngineInfo info, std::unique_ptr<FaissIndex> index, std::vector<int32_t> values,
+              std::shared_ptr<const SubsetQuantizer> quantizer, std::unique_ptr<SubsetAdc> adc)
+      : info_(std::move(info)),
+        index_(std::move(index)),
+        values_(std::move(values)),
+        quantizer_(std::move(quantizer)),
+        adc_(std::move(adc)) {}
+
+  const EngineInfo& info() const override { return info_; }
+
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
+    RETURN_IF_ERROR(CheckQuery(info_, query));
+    EngineResult result;
+    if (query.is_subset()) {
+      if (adc_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "subset search: this index has no subset codes (build it with values and a PQ)");
+      }
+      ASSIGN_OR_RETURN(Matrix<float> transformed, quantizer_->Transform(query.queries.view()));
+      ASSIGN_OR_RETURN(SubsetResult subset,
+                       adc_->SearchSubset(transformed.view(), *query.subset_groups,
+                                          query.row_group, query.params.k));
+      result.neighbors = std::move(subset.neighbors);
+      result.vectors_searched = subset.vectors_scanned;
+    } else {
+      ASSIGN_OR_RETURN(result.neighbors, index_->Search(query.queries.view(), query.params));
+      for (int64_t& id : result.neighbors.ids) {
+        if (id >= 0) id += info_.id_begin;
+      }
+      result.vectors_searched = index_->size();
+    }
+    if (info_.has_values) AttachValues(result.neighbors);
+    return result;
+  }
+
+ private:
+  void AttachValues(Neighbors& n) const {
+    n.values.assign(n.ids.size(), -1);
+    for (size_t i = 0; i < n.ids.size(); ++i) {
+      if (n.ids[i] >= 0) n.values[i] = values_[n.ids[i] - info_.id_begin];
+    }
+  }
+
+  const EngineInfo info_;
+  const std::unique_ptr<FaissIndex> index_;
+  const std::vector<int32_t> values_;
+  const std::shared_ptr<const SubsetQuantizer> quantizer_;
+  const std::unique_ptr<SubsetAdc> adc_;
+};
+
+// Several shards searched one after the other (each uses all threads) and merged.
+class MergedEngine : public SearchEngine {
+ public:
+  MergedEngine(EngineInfo info, std::vector<std::unique_ptr<SearchEngine>> shards)
+      : info_(std::move(info)), shards_(std::move(shards)) {}
+
+  const EngineInfo& info() const override { return info_; }
+
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
+    std::vector<EngineResult> parts;
+    parts.reserve(shards_.size());
+    std::vector<const Neighbors*> lists;
+    EngineResult result;
+    for (const auto& shard : shards_) {
+      ASSIGN_OR_RETURN(EngineResult part, shard->Search(query));
+      result.vectors_searched += part.vectors_searched;
+      parts.push_back(std::move(part));
+      lists.push_back(&parts.back().neighbors);
+    }
+    ASSIGN_OR_RETURN(result.neighbors, MergeTopK(lists, query.params.k, info_.metric));
+    return result;
+  }
+
+ private:
+  const EngineInfo info_;
+  const std::vector<std::unique_ptr<SearchEngine>> shards_;
+};
+
+absl::StatusOr<std::shared_ptr<const SubsetQuantizer>> LoadQuantizer(
+    const std::string& dir, const IndexManifest& manifest, const IndexEngineOptions& options) {
+  if (!manifest.subset_quantizer) return nullptr;
+  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, *manifest.subset_quantizer));
+  ASSIGN_OR_RETURN(std::unique_ptr<SubsetQuantizer> q,
+                   SubsetQuantizer::Deserialize(std::move(bytes), options.threads));
+  return std::shared_ptr<const SubsetQuantizer>(std::move(q));
+}
+
+absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
+    const std::string& dir, const IndexManifest& manifest, int shard_id,
+    std::shared_ptr<const SubsetQuantizer> quantizer, const IndexEngineOptions& options) {
+  const ShardManifest& shard = manifest.shards[shard_id];
+  const std::string where = absl::StrCat(dir, "/", shard.index.file);
+  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
+  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
+                   FaissIndex::Deserialize(std::move(bytes), options.threads));
+  const int64_t rows = shard.id_end - shard.id_begin;
+  if (index->dim() != manifest.dim || index->metric() != manifest.metric ||
+      index->size() != rows) {
+    return absl::DataLossError(absl::StrCat(where, ": dimension ", index->dim(), ", metric ",
+                                            MetricName(index->metric()), ", ", index->size(),
+                                            " vectors do not match the manifest"));
+  }
+  std::vector<int32_t> values;
+  if (shard.values) {
+    const std::string file = absl::StrCat(dir, "/", shard.values->file);
+    ASSIGN_OR_RETURN(std::vector<uint8_t> vbytes, ReadChecked(dir, *shard.values));
+    ASSIGN_OR_RETURN(values, ParseValues(vbytes, file));
+    if (static_cast<int64_t>(values.size()) != rows) {
+      return absl::DataLossError(
+          absl::StrCat(file, ": ", values.size(), " values for ", rows, " vectors"));
+    }
+  }
+  std::unique_ptr<SubsetAdc> adc;
+  if (shard.subset_codes) {
+    const std::string file = absl::StrCat(dir, "/", shard.subset_codes->file);
+    ASSIGN_OR_RETURN(std::vector<uint8_t> cbytes, ReadChecked(dir, *shard.subset_codes));
+    ASSIGN_OR_RETURN(SubsetCodes codes, ParseSubsetCodes(cbytes, file));
+    if (codes.num_sentences() != shard.sentence_end - shard.sentence_begin ||
+        codes.num_vectors() != rows) {
+      return absl::DataLossError(absl::StrCat(file, ": ", codes.num_sentences(), " sentences, ",
+                                              codes.num_vectors(),
+                                              " vectors do not match the manifest"));
+    }
+    codes.sentence_begin = shard.sentence_begin;
+    codes.token_begin = shard.id_begin;
+    ASSIGN_OR_RETURN(adc, SubsetAdc::Create(quantizer->codebook(), manifest.metric,
+                                            std::move(codes),
+                                            {options.threads, options.adc_kernel}));
+  }
+  EngineInfo info;
+  info.dim = manifest.dim;
+  info.metric = manifest.metric;
+  info.factory = manifest.factory;
+  info.total_vectors = manifest.total_vectors;
+  info.id_begin = shard.id_begin;
+  info.id_end = shard.id_end;
+  info.num_sentences = manifest.num_sentences;
+  info.sentence_begin = shard.sentence_begin;
+  info.sentence_end = shard.sentence_end;
+  info.has_values = shard.values.has_value();
+  return std::make_unique<ShardEngine>(std::move(info), std::move(index), std::move(values),
+                                       adc != nullptr ? std::move(quantizer) : nullptr,
+                                       std::move(adc));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SearchEngine>> CreateEngine(const std::string& dir, int shard_id,
+                                                           const IndexEngineOptions& options) {
+  ASSIGN_OR_RETURN(IndexManifest manifest, ReadManifest(dir));
+  if (shard_id < 0 || shard_id >= static_cast<int>(manifest.shards.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", shard_id, " does not exist: ", dir,
+                                                   " has ", manifest.shards.size(), " shards"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const SubsetQuantizer> quantizer,
+                   LoadQuantizer(dir, manifest, options));
+  return LoadShard(dir, manifest, shard_id, std::move(quantizer), options);
+}
+
+absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(
+    const std::string& dir, const IndexEngineOptions& options) {
+  ASSIGN_OR_RETURN(IndexManifest manifest, ReadManifest(dir));
+  ASSIGN_OR_RETURN(std::shared_ptr<const SubsetQuantizer> quantizer,
+                   LoadQuantizer(dir, manifest, options));
+  std::vector<std::unique_ptr<SearchEngine>> shards;
+  bool has_values = true;
+  for (int s = 0; s < static_cast<int>(manifest.shards.size()); ++s) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SearchEngine> shard,
+                     LoadShard(dir, manifest, s, quantizer, options));
+    has_values = has_values && shard->info().has_values;
+    shards.push_back(std::move(shard));
+  }
+  if (shards.size() == 1) return std::move(shards[0]);
+  EngineInfo info = shards.front()->info();
+  info.id_begin = 0;
+  info.id_end = manifest.total_vectors;
+  info.sentence_begin = 0;
+  info.sentence_end = manifest.num_sentences;
+  info.has_values = has_values;
+  return std::make_unique<MergedEngine>(std::move(info), std::move(shards));
+}
+
+}  // namespace knnserve

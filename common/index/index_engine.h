@@ -1,0 +1,35 @@
+// IndexEngine: the SearchEngine (common/search_engine.h) over an index directory written by
+// BuildIndex: one shard (what a shard server serves) or all shards merged in-process (the
+// client's embedded mode). Full searches go to the shard's faiss index; subset searches
+// (query.is_subset()) to the subset ADC engine over the shard's PQ codes. Every file is checked
+// against the manifest's size and SHA-256 before use; a mismatch fails with DATA_LOSS naming
+// the file.
+#ifndef KNNSERVE_COMMON_INDEX_INDEX_ENGINE_H_
+#define KNNSERVE_COMMON_INDEX_INDEX_ENGINE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/adc/adc_kernels.h"
+#include "common/search_engine.h"
+
+namespace knnserve {
+
+struct IndexEngineOptions {
+  int threads = 1;  // OpenMP threads per search (faiss and subset ADC)
+  AdcKernel adc_kernel = BestAdcKernel();
+};
+
+// The engine of shard `shard_id` of the index in `dir`.
+absl::StatusOr<std::unique_ptr<SearchEngine>> CreateEngine(const std::string& dir, int shard_id,
+                                                           const IndexEngineOptions& options);
+
+// All shards of the index in `dir` in one engine: each search runs on every shard and the
+// results are merged with MergeTopK (equal to one unsharded index, exactly for Flat).
+absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(
+    const std::string& dir, const IndexEngineOptions& options);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_INDEX_INDEX_ENGINE_H_

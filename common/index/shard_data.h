@@ -1,0 +1,34 @@
+// The non-faiss files of a shard: its values (one int32 target token per vector) and its
+// subset PQ codes grouped by sentence. Little-endian binary, self-describing:
+//
+//   values:        "KNSVALS1" int64 count, int32 values[count]
+//   subset codes:  "KNSCODE1" int32 m, int32 0, int64 num_sentences, int64 num_vectors,
+//                  int64 offsets[num_sentences + 1] (local, offsets[0] == 0),
+//                  uint8 codes[num_vectors * m]
+#ifndef KNNSERVE_COMMON_INDEX_SHARD_DATA_H_
+#define KNNSERVE_COMMON_INDEX_SHARD_DATA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/adc/subset_adc.h"
+
+namespace knnserve {
+
+std::string SerializeValues(absl::Span<const int32_t> values);
+// `source` names the file in errors.
+absl::StatusOr<std::vector<int32_t>> ParseValues(absl::Span<const uint8_t> bytes,
+                                                 const std::string& source);
+
+// Serializes codes.m, codes.offsets and codes.codes (the global bases live in the manifest).
+std::string SerializeSubsetCodes(const SubsetCodes& codes);
+// Parses into a SubsetCodes with sentence_begin and token_begin left at 0.
+absl::StatusOr<SubsetCodes> ParseSubsetCodes(absl::Span<const uint8_t> bytes,
+                                             const std::string& source);
+
+}  // namespace knnserve
+
+#endif  // KNNSERVE_COMMON_INDEX_SHARD_DATA_H_
