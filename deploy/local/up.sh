@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Starts a local knnserve cluster on loopback from one index directory: every shard of the
+# index × R replicas (knnserve-shard) and a router (knnserve-router) in front of them. Waits
+# until every process reports it is serving, then prints the router's address.
+#
+#   deploy/local/up.sh INDEX_DIR [-r REPLICAS] [-p BASE_PORT] [-d RUN_DIR] [-- ROUTER_FLAGS...]
+#
+# Ports: the router listens on BASE_PORT (default 6000), its metrics on BASE_PORT+1; shard s,
+# replica r on BASE_PORT+10+2*(s*R+r), its metrics on the port after. Logs, pids and the shard
+# map go to RUN_DIR (default /tmp/knnserve-local). Binaries come from $KNNSERVE_BIN (default
+# build/bin). deploy/local/down.sh stops the cluster.
+set -euo pipefail
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 1 ]] || usage
+index_dir=$1; shift
+replicas=1; base_port=6000; run_dir=/tmp/knnserve-local
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -r) replicas=$2; shift 2 ;;
+    -p) base_port=$2; shift 2 ;;
+    -d) run_dir=$2; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+router_flags=("$@")
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${KNNSERVE_BIN:-$repo/build/bin}
+for exe in knnserve-shard knnserve-router; do
+  [[ -x $bin/$exe ]] || { echo "up.sh: $bin/$exe not found (build it, or set KNNSERVE_BIN)" >&2; exit 1; }
+done
+[[ -f $index_dir/manifest.json ]] || { echo "up.sh: $index_dir/manifest.json not found" >&2; exit 1; }
+if [[ -s $run_dir/pids ]]; then
+  echo "up.sh: $run_dir/pids exists: a cluster is running (deploy/local/down.sh -d $run_dir)" >&2
+  exit 1
+fi
+shards=$(/usr/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["shards"]))' \
+  "$index_dir/manifest.json")
+mkdir -p "$run_dir/logs"
+: > "$run_dir/pids"
+: > "$run_dir/shards.txt"
+
+logs=()
+for ((s = 0; s < shards; s++)); do
+  line="$s"
+  for ((r = 0; r < replicas; r++)); do
+    port=$((base_port + 10 + 2 * (s * replicas + r)))
+    log=$run_dir/logs/shard-$s-$r.log
+    "$bin/knnserve-shard" --index "$index_dir" --shard "$s" --listen "127.0.0.1:$port" \
+      --metrics-listen "127.0.0.1:$((port + 1))" > "$log" 2>&1 &
+    echo $! >> "$run_dir/pids"
+    logs+=("$log")
+    line="$line 127.0.0.1:$port"
+  done
+  echo "$line" >> "$run_dir/shards.txt"
+done
+router_log=$run_dir/logs/router.log
+"$bin/knnserve-router" --shards "$run_dir/shards.txt" --listen "127.0.0.1:$base_port" \
+  --metrics-listen "127.0.0.1:$((base_port + 1))" "${router_flags[@]}" > "$router_log" 2>&1 &
+echo $! >> "$run_dir/pids"
+logs+=("$router_log")
+
+# Every process logs {"msg":"serving"} once it serves (the router once every shard answers).
+deadline=$((SECONDS + ${KNNSERVE_UP_TIMEOUT:-600}))
+for log in "${logs[@]}"; do
+  until grep -q '"msg":"serving"' "$log"; do
+    if ((SECONDS > deadline)) || grep -q '"level":"error"' "$log"; then
+      echo "up.sh: not serving: $log" >&2
+      tail -5 "$log" >&2
+      "$repo/deploy/local/down.sh" -d "$run_dir" >&2 || true
+      exit 1
+    fi
+    sleep 0.2
+  done
+done
+echo "127.0.0.1:$base_port"

@@ -1,0 +1,126 @@
+// knnserve-shard: serves one shard of an index directory over the v1 Retrieval service.
+//
+//   knnserve-shard --index DIR --shard ID [--listen 127.0.0.1:7000] [--metrics-listen ADDR]
+//                  [--tls-cert F --tls-key F [--tls-ca F]] [--threads N] [--batch-wait-us U]
+//
+// It listens at once with health NOT_SERVING, loads and verifies the shard (sizes and SHA-256
+// from the manifest), runs a warm-up query, then reports SERVING. SIGTERM or SIGINT drains:
+// health NOT_SERVING, no new calls, calls in flight finish (up to --drain-seconds), exit 0.
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "common/index/index_engine.h"
+#include "common/index/manifest.h"
+#include "shard/log.h"
+#include "shard/metrics_http.h"
+#include "shard/process.h"
+#include "shard/retrieval_service.h"
+#include "shard/shard_backend.h"
+
+namespace knnserve {
+namespace {
+
+struct ShardFlags {
+  ServerFlags server;
+  std::string index_dir;
+  int shard_id = -1;
+  int threads = 1;
+  BatcherOptions batcher;
+  int64_t batch_wait_us = 1000;
+};
+
+int Run(const ShardFlags& flags) {
+  absl::StatusOr<IndexManifest> manifest = ReadManifest(flags.index_dir);
+  if (!manifest.ok()) {
+    Log(LogLevel::kError, "cannot read the index", {{"error", manifest.status().ToString()}});
+    return 1;
+  }
+  if (flags.shard_id < 0 || flags.shard_id >= static_cast<int>(manifest->shards.size())) {
+    Log(LogLevel::kError, "no such shard",
+        {{"shard", flags.shard_id}, {"shards", manifest->shards.size()}});
+    return 1;
+  }
+  MetricsRegistry metrics;
+  BatcherOptions batcher = flags.batcher;
+  batcher.max_wait = absl::Microseconds(flags.batch_wait_us);
+  ShardBackend backend(flags.shard_id, batcher, &metrics);
+  RetrievalService service(&backend, flags.server.limits, &metrics);
+  RpcServerOptions options{flags.server.listen, flags.server.tls,
+                           flags.server.limits.MaxMessageBytes(manifest->dim)};
+  absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(options, &service);
+  if (!server.ok()) {
+    Log(LogLevel::kError, "cannot serve", {{"error", server.status().ToString()}});
+    return 1;
+  }
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!flags.server.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(flags.server.metrics_listen, &metrics);
+    if (!started.ok()) {
+      Log(LogLevel::kError, "cannot serve metrics", {{"error", started.status().ToString()}});
+      return 1;
+    }
+    metrics_server = *std::move(started);
+  }
+  Log(LogLevel::kInfo, "listening",
+      {{"address", (*server)->address()},
+       {"shard", flags.shard_id},
+       {"metrics_port", metrics_server ? metrics_server->port() : 0}});
+
+  bool load_failed = false;
+  std::thread loader([&] {
+    const absl::Time start = absl::Now();
+    IndexEngineOptions engine_options;
+    engine_options.threads = flags.threads;
+    absl::StatusOr<std::unique_ptr<SearchEngine>> engine =
+        CreateEngine(flags.index_dir, flags.shard_id, engine_options);
+    absl::Status status =
+        engine.ok() ? backend.SetEngine(*std::move(engine)) : engine.status();
+    if (!status.ok()) {
+      Log(LogLevel::kError, "cannot load the shard", {{"error", status.ToString()}});
+      load_failed = true;
+      RequestTermination();
+      return;
+    }
+    (*server)->SetServing(true);
+    Log(LogLevel::kInfo, "serving",
+        {{"address", (*server)->address()},
+         {"shard", flags.shard_id},
+         {"load_seconds", absl::ToDoubleSeconds(absl::Now() - start)}});
+  });
+  const int signal = WaitForTerminationSignal();
+  loader.join();
+  Log(LogLevel::kInfo, "draining", {{"signal", signal}});
+  (*server)->Shutdown(absl::Seconds(flags.server.drain_seconds));
+  Log(LogLevel::kInfo, "stopped");
+  return load_failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace knnserve
+
+int main(int argc, char** argv) {
+  knnserve::BlockTerminationSignals();
+  knnserve::ShardFlags flags;
+  CLI::App app{"knnserve-shard: serve one shard of a knnserve index over gRPC"};
+  flags.server.Register(app, "127.0.0.1:7000");
+  app.add_option("--index", flags.index_dir, "index directory (with manifest.json)")
+      ->required();
+  app.add_option("--shard", flags.shard_id, "shard id to serve")->required();
+  app.add_option("--threads", flags.threads, "OpenMP threads per search")
+      ->capture_default_str();
+  app.add_option("--batch-threads", flags.batcher.num_threads,
+                 "engine calls that may run at once")
+      ->capture_default_str();
+  app.add_option("--batch-wait-us", flags.batch_wait_us,
+                 "longest a request waits to be batched with others (0: only what queued)")
+      ->capture_default_str();
+  app.add_option("--max-batch-rows", flags.batcher.max_batch_rows,
+                 "most query rows coalesced into one engine call")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  flags.server.InitLogging("shard");
+  return knnserve::Run(flags);
+}

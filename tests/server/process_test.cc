@@ -1,0 +1,287 @@
+// The real processes: knnserve-shard over index directories built by the index layer, and
+// knnserve-router in front of them. Router answers equal an in-process search of the unsharded
+// index (Flat exactly; IVFPQ ids and distances), subset search, SIGTERM drain, and
+// deploy/local/up.sh + down.sh.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/datastore/key_source.h"
+#include "common/index/builder.h"
+#include "common/index/index_engine.h"
+#include "common/status_matchers.h"
+#include "common/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/test_cluster.h"
+
+namespace knnserve::testing {
+namespace {
+
+constexpr int kDim = 16;
+constexpr int64_t kVectors = 6000;
+constexpr int kShards = 3;
+
+std::string Bin(const std::string& name) { return absl::StrCat(KNNSERVE_BIN_DIR, "/", name); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A child process with stdout and stderr in a log file; killed when destroyed.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, std::string log) : log_(std::move(log)) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> args;
+      for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Process() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // The value of `field` in the first log line whose msg is `msg`, waiting up to `timeout`.
+  std::string WaitForLog(const std::string& msg, const std::string& field,
+                         absl::Duration timeout = absl::Seconds(60)) const {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      std::istringstream lines(ReadFile(log_));
+      for (std::string line; std::getline(lines, line);) {
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_object() && j.value("msg", "") == msg) {
+          return j.contains(field) ? j[field].dump() : "";
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ADD_FAILURE() << "no '" << msg << "' in " << log_ << ":\n" << ReadFile(log_);
+    return "";
+  }
+  std::string Address() const {
+    const std::string quoted = WaitForLog("listening", "address");
+    return quoted.size() > 2 ? quoted.substr(1, quoted.size() - 2) : "";
+  }
+
+  void Signal(int signal) const { kill(pid_, signal); }
+  // The exit status, or -1 if still running after `timeout`.
+  int Wait(absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return -1;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+struct Index {
+  Matrix<float> keys;
+  DatastoreValues values;
+};
+
+const Index& Data() {
+  static const Index* index = [] {
+    auto* data = new Index{Matrix<float>(kVectors, kDim), {}};
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < data->keys.size(); ++i) data->keys.data()[i] = normal(rng);
+    std::uniform_int_distribution<int> length(1, 12);
+    data->values.offsets.push_back(0);
+    while (data->values.offsets.back() < kVectors) {
+      data->values.offsets.push_back(
+          std::min<int64_t>(kVectors, data->values.offsets.back() + length(rng)));
+    }
+    for (int64_t i = 0; i < kVectors; ++i) data->values.tokens.push_back(i % 997);
+    return data;
+  }();
+  return *index;
+}
+
+std::string BuildIndexDir(const std::string& name, const std::string& factory, int shards) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "knnserve_service_", name);
+  std::filesystem::remove_all(dir);
+  IndexBuildOptions options;
+  options.factory = factory;
+  options.shards = shards;
+  options.threads = 1;  // 2-core CI machines: OpenMP threads only contend
+  options.progress.out = nullptr;
+  options.progress.interactive = 0;
+  MatrixKeySource keys(Data().keys.view());
+  EXPECT_THAT(BuildIndex(keys, &Data().values, options, dir), IsOk());
+  return dir;
+}
+
+// Shard processes for every shard of `dir` and a router process in front of them.
+class ProcessCluster {
+ public:
+  ProcessCluster(const std::string& dir, int shards, const std::string& name) {
+    std::string map;
+    for (int s = 0; s < shards; ++s) {
+      shards_.push_back(std::make_unique<Process>(
+          std::vector<std::string>{Bin("knnserve-shard"), "--index", dir, "--shard",
+                                   absl::StrCat(s), "--listen", "127.0.0.1:0"},
+          absl::StrCat(dir, "/", name, "_shard", s, ".log")));
+    }
+    for (int s = 0; s < shards; ++s) {
+      absl::StrAppend(&map, s, " ", shards_[s]->Address(), "\n");
+    }
+    const std::string map_file = absl::StrCat(dir, "/", name, "_shards.txt");
+    std::ofstream(map_file) << map;
+    router_ = std::make_unique<Process>(
+        std::vector<std::string>{Bin("knnserve-router"), "--shards", map_file, "--listen",
+                                 "127.0.0.1:0", "--probe-interval-ms", "100"},
+        absl::StrCat(dir, "/", name, "_router.log"));
+    address_ = router_->Address();
+    router_->WaitForLog("serving", "msg");
+  }
+
+  const std::string& address() const { return address_; }
+  Process& shard(int s) { return *shards_[s]; }
+  Process& router() { return *router_; }
+
+ private:
+  std::vector<std::unique_ptr<Process>> shards_;
+  std::unique_ptr<Process> router_;
+  std::string address_;
+};
+
+Matrix<float> Queries(int64_t rows, uint32_t seed) { return RandomQueries(rows, kDim, seed); }
+
+void ExpectEqualsEngine(const v1::SearchResponse& response, const SearchEngine& engine,
+                        const SearchQuery& query) {
+  ASSERT_OK_AND_ASSIGN(EngineResult expected, engine.Search(query));
+  ASSERT_OK_AND_ASSIGN(Neighbors got, DecodeNeighbors(response));
+  EXPECT_EQ(got.ids, expected.neighbors.ids);
+  EXPECT_EQ(got.distances, expected.neighbors.distances);
+  EXPECT_EQ(got.values, expected.neighbors.values);
+}
+
+class RouterProcessTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RouterProcessTest, RouterEqualsInProcessSearchOfTheUnshardedIndex) {
+  const std::string factory = GetParam();
+  const std::string name = factory == "Flat" ? "flat" : "ivfpq";
+  const std::string sharded = BuildIndexDir(name + "_sharded", factory, kShards);
+  const std::string unsharded = BuildIndexDir(name + "_unsharded", factory, 1);
+  ASSERT_OK_AND_ASSIGN(auto engine, CreateEngine(unsharded, 0, {.threads = 1}));
+  ProcessCluster cluster(sharded, kShards, name);
+  auto stub = Connect(cluster.address());
+
+  const Matrix<float> queries = Queries(16, 3);
+  for (int nprobe : {0, 4}) {
+    SearchQuery query;
+    query.queries = queries;
+    query.params.k = 10;
+    query.params.nprobe = nprobe;
+    v1::SearchRequest request = MakeRequest(queries, 10);
+    request.mutable_params()->set_nprobe(nprobe);
+    v1::SearchResponse response;
+    const grpc::Status status = CallSearch(stub.get(), request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ExpectEqualsEngine(response, *engine, query);
+    EXPECT_EQ(response.coverage().shards_answered(), kShards);
+    EXPECT_EQ(response.coverage().vectors_total(), kVectors);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Factories, RouterProcessTest,
+                         ::testing::Values("Flat", "IVF32,PQ8"));
+
+TEST(ProcessTest, SubsetSearchThroughTheRouterEqualsTheLocalEngine) {
+  const std::string dir = BuildIndexDir("subset", "IVF32,PQ8", kShards);
+  ASSERT_OK_AND_ASSIGN(auto local, CreateLocalEngine(dir, {.threads = 1}));
+  ASSERT_TRUE(local->info().num_sentences > 0);
+  ProcessCluster cluster(dir, kShards, "subset");
+  auto stub = Connect(cluster.address());
+  const int64_t sentences = local->info().num_sentences;
+  const SubsetGroups groups = {{0, 1, 2, sentences / 2}, {sentences - 1, sentences - 2}};
+  const Matrix<float> queries = Queries(4, 8);
+  v1::SearchRequest request = MakeRequest(queries, 5);
+  for (const auto& group : groups) {
+    request.add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+  }
+  for (int g : {0, 0, 1, 1}) request.add_row_group(g);
+  v1::SearchResponse response;
+  const grpc::Status status = CallSearch(stub.get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  SearchQuery query;
+  query.queries = queries;
+  query.params.k = 5;
+  query.subset_groups = std::make_shared<const SubsetGroups>(groups);
+  query.row_group = {0, 0, 1, 1};
+  ExpectEqualsEngine(response, *local, query);
+}
+
+TEST(ProcessTest, SigtermDrainsAndExitsZero) {
+  const std::string dir = BuildIndexDir("drain", "Flat", 2);
+  ProcessCluster cluster(dir, 2, "drain");
+  auto stub = Connect(cluster.address());
+  v1::SearchResponse response;
+  ASSERT_TRUE(CallSearch(stub.get(), MakeRequest(Queries(2, 1), 3), &response).ok());
+  cluster.shard(1).Signal(SIGTERM);
+  EXPECT_EQ(cluster.shard(1).Wait(absl::Seconds(30)), 0);
+  // The router notices: without allow_partial the request names the missing shard.
+  const grpc::Status status = CallSearch(stub.get(), MakeRequest(Queries(2, 1), 3), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("shard 1"));
+  cluster.router().Signal(SIGTERM);
+  EXPECT_EQ(cluster.router().Wait(absl::Seconds(30)), 0);
+}
+
+TEST(ProcessTest, LocalUpAndDownScripts) {
+  const std::string dir = BuildIndexDir("up", "Flat", 2);
+  const std::string run_dir = absl::StrCat(dir, "/run");
+  const std::string out = absl::StrCat(dir, "/up.out");
+  const std::string up = absl::StrCat("KNNSERVE_BIN=", KNNSERVE_BIN_DIR, " KNNSERVE_UP_TIMEOUT=60 ",
+                                      "timeout 120 deploy/local/up.sh ", dir, " -r 2 -p 16300 -d ",
+                                      run_dir, " > ", out);
+  ASSERT_EQ(std::system(up.c_str()), 0) << ReadFile(out);
+  std::string address = ReadFile(out);
+  address.erase(address.find_last_not_of('\n') + 1);
+  EXPECT_EQ(address, "127.0.0.1:16300");
+  auto stub = Connect(address);
+  v1::SearchResponse response;
+  const grpc::Status status = CallSearch(stub.get(), MakeRequest(Queries(2, 1), 3), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.coverage().shards_answered(), 2);
+  EXPECT_THAT(ReadFile(run_dir + "/shards.txt"), ::testing::HasSubstr("1 127.0.0.1:"));
+  EXPECT_EQ(std::system(absl::StrCat("timeout 90 deploy/local/down.sh -d ", run_dir,
+                                     " > /dev/null").c_str()),
+            0);
+}
+
+}  // namespace
+}  // namespace knnserve::testing
