@@ -191,7 +191,9 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries,
     return RanksBefore(metric, a.first, a.second, b.first, b.second);
   };
 
+  // The group's vectors, searched for all its queries (counted once, however many passes).
   int64_t scanned = 0;
+  for (const auto& [range_begin, range_end] : scratch.ranges) scanned += range_end - range_begin;
   for (size_t first = 0; first < rows.size(); first += kMaxQueriesPerPass) {
     const int nq = static_cast<int>(std::min<size_t>(kMaxQueriesPerPass, rows.size() - first));
     const float* lut_ptrs[kMaxQueriesPerPass];
@@ -205,7 +207,6 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries,
       for (int64_t b = range_begin; b < range_end; b += kBlock) {
         const int64_t n = std::min(kBlock, range_end - b);
         scan_(lut_ptrs, nq, codes_.codes.data() + b * m, n, m, scratch.distances.data());
-        scanned += n;
         const int64_t id0 = codes_.token_begin + b;
         for (int q = 0; q < nq; ++q) {
           std::vector<Candidate>& heap = scratch.heaps[q];
@@ -234,7 +235,6 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries,
       }
     }
   }
-  // Every query of the group shares the scan; count the codes read once per pass.
   return scanned;
 }
 

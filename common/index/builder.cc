@@ -121,6 +121,7 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreV
   ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> trained,
                    FaissIndex::Create(options.factory, keys.dim(), options.metric,
                                       options.threads));
+  if (options.opq_iterations > 0) trained->SetOpqIterations(options.opq_iterations);
   std::unique_ptr<SubsetQuantizer> quantizer;
   {
     ASSIGN_OR_RETURN(Matrix<float> sample, ReadTrainingSample(keys, options));

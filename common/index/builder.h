@@ -24,6 +24,7 @@ struct IndexBuildOptions {
   int64_t train_size = 1'000'000;  // rows sampled (uniformly, seeded) to train; all if fewer
   int threads = 1;                 // OpenMP threads for training, adding and encoding
   int64_t chunk_rows = 65536;      // keys read and added per step
+  int opq_iterations = 0;          // OPQ training iterations; 0 keeps faiss's default (50)
   uint64_t seed = 1;
   // Subset codes (built when values are given): sub-quantizers of the subset PQ; 0 takes the
   // index's own PQ M, and builds no subset codes for an index without PQ.

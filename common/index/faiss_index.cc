@@ -17,6 +17,7 @@
 #include "faiss/IndexIVFPQ.h"
 #include "faiss/IndexPQ.h"
 #include "faiss/IndexPreTransform.h"
+#include "faiss/VectorTransform.h"
 #include "faiss/clone_index.h"  // Cloner for the subset quantizer's transforms
 #include "faiss/impl/FaissException.h"
 #include "faiss/impl/io.h"
@@ -249,6 +250,14 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
                                                                               &writer); }));
   ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(std::move(writer.data)));
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
+}
+
+void FaissIndex::SetOpqIterations(int iterations) {
+  auto* pre = dynamic_cast<faiss::IndexPreTransform*>(index_.get());
+  if (pre == nullptr) return;
+  for (faiss::VectorTransform* t : pre->chain) {
+    if (auto* opq = dynamic_cast<faiss::OPQMatrix*>(t)) opq->niter = iterations;
+  }
 }
 
 int FaissIndex::pq_m() const {

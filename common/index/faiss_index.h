@@ -51,6 +51,10 @@ class FaissIndex : public SearchIndex {
   // build starts from one. REQUIRES: is_trained() and size() == 0.
   absl::StatusOr<std::unique_ptr<FaissIndex>> CloneEmpty() const;
 
+  // Sets the training iterations of every OPQ rotation in the index's transform chain (faiss's
+  // default is 50, slow on big samples). Call before Train.
+  void SetOpqIterations(int iterations);
+
   // M of the index's product quantizer (IVFPQ, PQ), or 0 when it has none.
   int pq_m() const;
   int threads() const { return threads_; }

@@ -1,10 +1,13 @@
 #include "common/index/index_engine.h"
 
 #include <cmath>
+#include <cctype>
 #include <fstream>
+#include <map>
 #include <limits>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "common/index/builder.h"
 #include "common/index/faiss_index.h"
 #include "common/status_matchers.h"
@@ -36,6 +39,8 @@ IndexBuildOptions Options(const std::string& factory, int shards) {
   o.shards = shards;
   o.threads = 1;
   o.chunk_rows = 1000;
+  o.train_size = 2600;  // enough for 256-centroid PQ codebooks; keeps training fast
+  o.opq_iterations = 4;
   o.progress.out = nullptr;
   o.progress.interactive = 0;
   o.progress.percent_step = 100;
@@ -50,6 +55,18 @@ std::string Build(const std::string& name, const std::string& factory, int shard
       BuildIndex(keys, with_values ? &Data().values : nullptr, Options(factory, shards), dir);
   EXPECT_THAT(m, IsOk());
   return dir;
+}
+
+// Index directories are built once per binary run and shared by the tests that only read them.
+const std::string& Built(const std::string& factory, int shards) {
+  static auto* built = new std::map<std::pair<std::string, int>, std::string>();
+  auto [it, inserted] = built->try_emplace({factory, shards});
+  if (inserted) {
+    std::string name = absl::StrCat("built_", factory, "_", shards);
+    std::replace_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }, '_');
+    it->second = Build(name, factory, shards);
+  }
+  return it->second;
 }
 
 std::unique_ptr<SearchEngine> Local(const std::string& dir) {
@@ -73,7 +90,7 @@ std::vector<int64_t> BruteForce(const float* q, int k) {
 }
 
 TEST(IndexEngine, FlatEqualsBruteForceAndCarriesValues) {
-  auto engine = Local(Build("flat1", "Flat", 1));
+  auto engine = Local(Built("Flat", 1));
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(engine->info().dim, kDim);
   EXPECT_TRUE(engine->info().has_values);
@@ -90,8 +107,8 @@ TEST(IndexEngine, FlatEqualsBruteForceAndCarriesValues) {
 }
 
 TEST(IndexEngine, ShardedFlatEqualsUnshardedExactly) {
-  auto one = Local(Build("flat_s1", "Flat", 1));
-  auto four = Local(Build("flat_s4", "Flat", 4));
+  auto one = Local(Built("Flat", 1));
+  auto four = Local(Built("Flat", 4));
   const Matrix<float> q = MakeQueries(Data().keys, 40, 12);
   ASSERT_OK_AND_ASSIGN(EngineResult a, one->Search(testing::FullQuery(q, 16)));
   ASSERT_OK_AND_ASSIGN(EngineResult b, four->Search(testing::FullQuery(q, 16)));
@@ -101,8 +118,8 @@ TEST(IndexEngine, ShardedFlatEqualsUnshardedExactly) {
 }
 
 TEST(IndexEngine, ShardedIvfPqEqualsUnshardedIdsAndDistances) {
-  auto one = Local(Build("ivfpq_s1", "IVF32,PQ8", 1));
-  auto three = Local(Build("ivfpq_s3", "IVF32,PQ8", 3));
+  auto one = Local(Built("IVF32,PQ8", 1));
+  auto three = Local(Built("IVF32,PQ8", 3));
   const Matrix<float> q = MakeQueries(Data().keys, 40, 13);
   ASSERT_OK_AND_ASSIGN(EngineResult a, one->Search(testing::FullQuery(q, 16, 4)));
   ASSERT_OK_AND_ASSIGN(EngineResult b, three->Search(testing::FullQuery(q, 16, 4)));
@@ -112,7 +129,7 @@ TEST(IndexEngine, ShardedIvfPqEqualsUnshardedIdsAndDistances) {
 
 // Recall@10 of IVFPQ (nprobe 8 of 32 lists) against exact search on clustered data.
 TEST(IndexEngine, IvfPqRecallAboveFloor) {
-  auto engine = Local(Build("ivfpq_recall", "IVF32,PQ8", 2));
+  auto engine = Local(Built("IVF32,PQ8", 3));
   const Matrix<float> q = MakeQueries(Data().keys, 100, 14);
   ASSERT_OK_AND_ASSIGN(EngineResult r, engine->Search(testing::FullQuery(q, 10, 8)));
   int hits = 0;
@@ -130,7 +147,7 @@ TEST(IndexEngine, IvfPqRecallAboveFloor) {
 TEST(IndexEngine, OpqPcaFactoriesBuildAndSearch) {
   for (const char* factory : {"OPQ4_16,IVF16,PQ4", "PCA8,IVF16,PQ4", "IVF16_HNSW8,PQ4"}) {
     SCOPED_TRACE(factory);
-    auto engine = Local(Build("factories", factory, 2));
+    auto engine = Local(Built(factory, 2));
     ASSERT_NE(engine, nullptr);
     const Matrix<float> q = MakeQueries(Data().keys, 5, 15);
     SearchQuery query = testing::FullQuery(q, 8, 4);
@@ -141,7 +158,7 @@ TEST(IndexEngine, OpqPcaFactoriesBuildAndSearch) {
 }
 
 TEST(IndexEngine, SingleShardEngineReturnsGlobalIdsOfItsRange) {
-  const std::string dir = Build("flat_s3", "Flat", 3);
+  const std::string& dir = Built("Flat", 4);
   ASSERT_OK_AND_ASSIGN(auto shard, CreateEngine(dir, 1, {.threads = 1}));
   const EngineInfo& info = shard->info();
   EXPECT_GT(info.id_begin, 0);
@@ -154,12 +171,12 @@ TEST(IndexEngine, SingleShardEngineReturnsGlobalIdsOfItsRange) {
     EXPECT_LT(r.neighbors.ids[i], info.id_end);
     EXPECT_EQ(r.neighbors.values[i], Data().values.tokens[r.neighbors.ids[i]]);
   }
-  EXPECT_THAT(CreateEngine(dir, 3, {}), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                 HasSubstr("shard 3")));
+  EXPECT_THAT(CreateEngine(dir, 4, {}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 HasSubstr("shard 4")));
 }
 
 TEST(IndexEngine, RejectsWrongDimensionAndNaNQueries) {
-  auto engine = Local(Build("flat_bad_queries", "Flat", 1));
+  auto engine = Local(Built("Flat", 1));
   EXPECT_THAT(engine->Search(testing::FullQuery(Matrix<float>(2, kDim + 1), 4)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimension")));
   Matrix<float> q(2, kDim);
@@ -179,7 +196,8 @@ void Rewrite(const std::string& path, const std::function<void(std::string&)>& e
 }
 
 TEST(IndexEngine, RefusesCorruptOrTruncatedShardNamingTheFile) {
-  const std::string dir = Build("flat_corrupt", "IVF32,PQ8", 2);
+  const std::string dir = FreshDir("corrupt");
+  std::filesystem::copy(Built("IVF32,PQ8", 3), dir);
   Rewrite(dir + "/shard-00001.faiss", [](std::string& b) { b[b.size() / 2] ^= 0x5A; });
   EXPECT_THAT(CreateLocalEngine(dir, {}),
               StatusIs(absl::StatusCode::kDataLoss,
@@ -192,8 +210,55 @@ TEST(IndexEngine, RefusesCorruptOrTruncatedShardNamingTheFile) {
                        AllOf(HasSubstr("shard-00000.subset"), HasSubstr("bytes"))));
 }
 
+std::set<int64_t> TokensOf(const std::vector<int64_t>& sentences) {
+  std::set<int64_t> tokens;
+  for (int64_t s : sentences) {
+    for (int64_t t = Data().values.offsets[s]; t < Data().values.offsets[s + 1]; ++t) {
+      tokens.insert(t);
+    }
+  }
+  return tokens;
+}
+
+TEST(IndexEngine, SubsetSearchReturnsOnlySubsetTokensWithValues) {
+  for (const char* factory : {"IVF32,PQ8", "OPQ4_16,IVF16,PQ4"}) {
+    SCOPED_TRACE(factory);
+    auto engine = Local(Built(factory, 1));
+    const Matrix<float> q = MakeQueries(Data().keys, 10, 18);
+    const SearchQuery query =
+        testing::SubsetQuery(q, 8, Data().values.num_sentences(), 20, /*beam=*/5, 19);
+    ASSERT_OK_AND_ASSIGN(EngineResult r, engine->Search(query));
+    int64_t expected_scanned = 0;
+    for (const auto& g : *query.subset_groups) expected_scanned += TokensOf(g).size();
+    EXPECT_EQ(r.vectors_searched, expected_scanned);
+    for (int64_t row = 0; row < q.rows(); ++row) {
+      const std::set<int64_t> allowed = TokensOf((*query.subset_groups)[query.row_group[row]]);
+      for (int j = 0; j < 8; ++j) {
+        const int64_t id = r.neighbors.ids[row * 8 + j];
+        ASSERT_TRUE(allowed.count(id)) << "row " << row << " id " << id;
+        EXPECT_EQ(r.neighbors.values[row * 8 + j], Data().values.tokens[id]);
+        if (j > 0) EXPECT_LE(r.neighbors.distances[row * 8 + j - 1], r.neighbors.distances[row * 8 + j]);
+      }
+    }
+  }
+}
+
+TEST(IndexEngine, ShardedSubsetSearchEqualsUnsharded) {
+  auto one = Local(Built("IVF32,PQ8", 1));
+  auto three = Local(Built("IVF32,PQ8", 3));
+  const Matrix<float> q = MakeQueries(Data().keys, 12, 20);
+  const SearchQuery query =
+      testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/4, 21);
+  ASSERT_OK_AND_ASSIGN(EngineResult a, one->Search(query));
+  ASSERT_OK_AND_ASSIGN(EngineResult b, three->Search(query));
+  EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
+  EXPECT_EQ(a.neighbors.distances, b.neighbors.distances);
+  EXPECT_EQ(a.neighbors.values, b.neighbors.values);
+  EXPECT_EQ(a.vectors_searched, b.vectors_searched);
+}
+
 TEST(IndexEngine, SubsetSearchNeedsSubsetCodes) {
-  auto engine = Local(Build("flat_no_subset", "Flat", 1));
+  auto engine = Local(Built("Flat", 1));
   const Matrix<float> q = MakeQueries(Data().keys, 2, 17);
   EXPECT_THAT(engine->Search(testing::SubsetQuery(q, 4, Data().values.num_sentences(), 5, 1, 1)),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("subset")));

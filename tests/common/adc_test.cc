@@ -1,0 +1,233 @@
+#include "common/adc/subset_adc.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "common/adc/adc_kernels.h"
+#include "common/status_matchers.h"
+#include "faiss/IndexPQ.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace knnserve {
+namespace {
+
+using ::knnserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Every kernel this CPU supports must give bit-identical sums to the scalar reference, for M a
+// multiple of 16 and not (partial last chunk), several queries sharing the codes.
+TEST(AdcKernels, SimdEqualsScalarBitForBit) {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> uni(-3.0f, 50.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int m : {1, 4, 8, 15, 16, 20, 32, 64, 100, 256}) {
+    SCOPED_TRACE(m);
+    constexpr int kQueries = 3;
+    constexpr int64_t kN = 131;
+    std::vector<float> luts(kQueries * m * 256);
+    for (float& x : luts) x = uni(rng);
+    std::vector<uint8_t> codes(kN * m);
+    for (uint8_t& c : codes) c = static_cast<uint8_t>(byte(rng));
+    const float* ptrs[kQueries];
+    for (int q = 0; q < kQueries; ++q) ptrs[q] = luts.data() + q * m * 256;
+    std::vector<float> want(kQueries * kN);
+    GetAdcScan(AdcKernel::kScalar)(ptrs, kQueries, codes.data(), kN, m, want.data());
+    for (AdcKernel kernel : {AdcKernel::kAvx2, AdcKernel::kAvx512}) {
+      if (!CpuSupports(kernel)) {
+        GTEST_LOG_(INFO) << AdcKernelName(kernel) << " not supported here; skipped";
+        continue;
+      }
+      std::vector<float> got(kQueries * kN);
+      GetAdcScan(kernel)(ptrs, kQueries, codes.data(), kN, m, got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << AdcKernelName(kernel);
+    }
+  }
+}
+
+struct PqFixture {
+  faiss::IndexPQ index;
+  std::vector<float> base;
+  std::vector<float> queries;
+};
+
+// A faiss IndexPQ (d 32, 8 sub-quantizers) trained and filled with seeded clustered data.
+void MakePq(Metric metric, PqFixture& f, int64_t n, int nq) {
+  constexpr int kD = 32;
+  omp_set_num_threads(1);  // faiss training; OpenMP spinning is slow on a shared 2-core box
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> centres(10 * kD);
+  for (float& c : centres) c = 3 * normal(rng);
+  auto sample = [&](std::vector<float>& out, int64_t rows) {
+    out.resize(rows * kD);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* c = centres.data() + (i % 10) * kD;
+      for (int j = 0; j < kD; ++j) out[i * kD + j] = c[j] + normal(rng);
+    }
+  };
+  sample(f.base, n);
+  sample(f.queries, nq);
+  f.index = faiss::IndexPQ(kD, 8, 8,
+                           metric == Metric::kL2 ? faiss::METRIC_L2 : faiss::METRIC_INNER_PRODUCT);
+  f.index.train(n, f.base.data());
+  f.index.add(n, f.base.data());
+}
+
+std::unique_ptr<SubsetAdc> AdcFor(const faiss::IndexPQ& index, Metric metric,
+                                  std::vector<int64_t> offsets, AdcKernel kernel) {
+  PqCodebook codebook{static_cast<int>(index.pq.M), static_cast<int>(index.pq.dsub),
+                      index.pq.centroids};
+  SubsetCodes codes{codebook.m, 0, 0, std::move(offsets), index.codes};
+  absl::StatusOr<std::unique_ptr<SubsetAdc>> adc =
+      SubsetAdc::Create(codebook, metric, std::move(codes), {1, kernel});
+  EXPECT_TRUE(adc.ok()) << adc.status();
+  return adc.ok() ? *std::move(adc) : nullptr;
+}
+
+// ADC over all codes returns faiss IndexPQ's own distances (its distance tables) within 1e-4
+// relative, for the same codes and codebook.
+TEST(SubsetAdc, DistancesEqualFaissPqWithinTolerance) {
+  for (Metric metric : {Metric::kL2, Metric::kInnerProduct}) {
+    SCOPED_TRACE(MetricName(metric));
+    PqFixture f;
+    constexpr int64_t kN = 3000;
+    constexpr int kQ = 4;
+    MakePq(metric, f, kN, kQ);
+    std::vector<int64_t> offsets;
+    for (int64_t o = 0; o <= kN; o += 100) offsets.push_back(o);
+    auto adc = AdcFor(f.index, metric, offsets, BestAdcKernel());
+    SubsetGroups groups(1);
+    for (int64_t s = 0; s + 1 < static_cast<int64_t>(offsets.size()); ++s) {
+      groups[0].push_back(s);
+    }
+    const std::vector<int32_t> row_group(kQ, 0);
+    ASSERT_OK_AND_ASSIGN(
+        SubsetResult got,
+        adc->SearchSubset({f.queries.data(), kQ, 32}, groups, row_group, static_cast<int>(kN)));
+    EXPECT_EQ(got.vectors_scanned, kN);
+    std::vector<float> dist(kQ * kN);
+    std::vector<faiss::Index::idx_t> ids(kQ * kN);
+    f.index.search(kQ, f.queries.data(), kN, dist.data(), ids.data());
+    for (int q = 0; q < kQ; ++q) {
+      std::vector<float> faiss_by_id(kN), ours_by_id(kN);
+      for (int64_t j = 0; j < kN; ++j) {
+        faiss_by_id[ids[q * kN + j]] = dist[q * kN + j];
+        ours_by_id[got.neighbors.ids[q * kN + j]] = got.neighbors.distances[q * kN + j];
+      }
+      for (int64_t i = 0; i < kN; ++i) {
+        EXPECT_NEAR(ours_by_id[i], faiss_by_id[i], 1e-4 * std::max(1.0f, std::fabs(faiss_by_id[i])))
+            << "query " << q << " vector " << i;
+      }
+    }
+  }
+}
+
+// Only the group's sentences are searched; sentences outside the slice are skipped; results
+// equal a brute force over the subset; the kernel choice does not change them.
+TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
+  PqFixture f;
+  constexpr int64_t kN = 2000;
+  MakePq(Metric::kL2, f, kN, 6);
+  std::vector<int64_t> offsets = {0};
+  std::mt19937_64 rng(9);
+  while (offsets.back() < kN) offsets.push_back(std::min<int64_t>(kN, offsets.back() + 1 + rng() % 30));
+  const int64_t sentences = offsets.size() - 1;
+  // This slice holds global sentences [100, 100 + sentences), tokens from 5000.
+  PqCodebook codebook{8, 4, f.index.pq.centroids};
+  SubsetGroups groups = {{100, 103, 150, 101, 7, 100 + sentences + 5}, {120, 121, 122}};
+  const std::vector<int32_t> row_group = {0, 1, 0, 0, 1, 0};
+  constexpr int kK = 12;
+  std::vector<SubsetResult> results;
+  for (AdcKernel kernel : {AdcKernel::kScalar, AdcKernel::kAvx2, AdcKernel::kAvx512}) {
+    if (!CpuSupports(kernel)) continue;
+    SubsetCodes codes{8, 100, 5000, offsets, f.index.codes};
+    ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, codes, {2, kernel}));
+    ASSERT_OK_AND_ASSIGN(SubsetResult r,
+                         adc->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, kK));
+    results.push_back(std::move(r));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids);
+    EXPECT_EQ(results[i].neighbors.distances, results[0].neighbors.distances);
+  }
+  const SubsetResult& r = results[0];
+  // Brute force over the subset with faiss's distance tables.
+  std::vector<float> table(8 * 256);
+  for (int row = 0; row < 6; ++row) {
+    f.index.pq.compute_distance_table(f.queries.data() + row * 32, table.data());
+    std::vector<std::pair<float, int64_t>> want;
+    for (int64_t s : groups[row_group[row]]) {
+      if (s < 100 || s >= 100 + sentences) continue;
+      for (int64_t t = offsets[s - 100]; t < offsets[s - 100 + 1]; ++t) {
+        float d = 0;
+        for (int m = 0; m < 8; ++m) d += table[m * 256 + f.index.codes[t * 8 + m]];
+        want.emplace_back(d, 5000 + t);
+      }
+    }
+    std::sort(want.begin(), want.end());
+    for (int j = 0; j < kK; ++j) {
+      if (j >= static_cast<int>(want.size())) {
+        EXPECT_EQ(r.neighbors.ids[row * kK + j], -1);
+        continue;
+      }
+      EXPECT_NEAR(r.neighbors.distances[row * kK + j], want[j].first, 1e-4 * want[j].first);
+      const int64_t id = r.neighbors.ids[row * kK + j];
+      EXPECT_TRUE(std::any_of(want.begin(), want.end(),
+                              [id](const auto& c) { return c.second == id; }))
+          << "row " << row << " returned id " << id << " outside its subset";
+    }
+  }
+  // Group 0 has 4 sentences in the slice, group 1 three; each group is scanned once.
+  int64_t expected_scanned = 0;
+  for (const auto& g : groups) {
+    for (int64_t s : g) {
+      if (s >= 100 && s < 100 + sentences) expected_scanned += offsets[s - 99] - offsets[s - 100];
+    }
+  }
+  EXPECT_EQ(r.vectors_scanned, expected_scanned);
+}
+
+TEST(SubsetAdc, BeamSharingEqualsSeparateGroups) {
+  PqFixture f;
+  MakePq(Metric::kL2, f, 1000, 11);
+  std::vector<int64_t> offsets;
+  for (int64_t o = 0; o <= 1000; o += 10) offsets.push_back(o);
+  auto adc = AdcFor(f.index, Metric::kL2, offsets, BestAdcKernel());
+  const std::vector<int64_t> subset = {3, 9, 10, 11, 50, 99};
+  // 11 rows sharing one group (more than one pass of queries) vs each row alone.
+  SubsetGroups shared = {subset};
+  SubsetGroups separate(11, subset);
+  std::vector<int32_t> all_zero(11, 0), own(11);
+  for (int i = 0; i < 11; ++i) own[i] = i;
+  ASSERT_OK_AND_ASSIGN(SubsetResult a, adc->SearchSubset({f.queries.data(), 11, 32}, shared,
+                                                         all_zero, 7));
+  ASSERT_OK_AND_ASSIGN(SubsetResult b, adc->SearchSubset({f.queries.data(), 11, 32}, separate,
+                                                         own, 7));
+  EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
+  EXPECT_EQ(a.neighbors.distances, b.neighbors.distances);
+  EXPECT_EQ(a.vectors_scanned * 11, b.vectors_scanned);
+}
+
+TEST(SubsetAdc, RejectsInconsistentInput) {
+  PqCodebook codebook{2, 2, std::vector<float>(2 * 256 * 2)};
+  EXPECT_THAT(SubsetAdc::Create(codebook, Metric::kL2, {2, 0, 0, {0, 3}, {1, 2}}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("offsets say 3")));
+  EXPECT_THAT(SubsetAdc::Create(codebook, Metric::kL2, {3, 0, 0, {0}, {}}, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("m = 3")));
+  ASSERT_OK_AND_ASSIGN(auto adc,
+                       SubsetAdc::Create(codebook, Metric::kL2, {2, 0, 0, {0, 1}, {1, 2}}, {}));
+  std::vector<float> q(4);
+  EXPECT_THAT(adc->SearchSubset({q.data(), 1, 4}, {{0}}, std::vector<int32_t>{1}, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subset group 1")));
+  EXPECT_THAT(adc->SearchSubset({q.data(), 1, 3}, {{0}}, std::vector<int32_t>{0}, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimension 3")));
+}
+
+}  // namespace
+}  // namespace knnserve
