@@ -1,0 +1,125 @@
+// Atomic files, SHA-256, the HDF5 datastore adapter and building from HDF5.
+#include <filesystem>
+#include <fstream>
+
+#include "common/datastore/hdf5_datastore.h"
+#include "common/files.h"
+#include "common/half.h"
+#include "common/index/builder.h"
+#include "common/index/index_engine.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/index_test_util.h"
+
+namespace knnserve {
+namespace {
+
+using ::knnserve::testing::FreshDir;
+using ::knnserve::testing::IsOk;
+using ::knnserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(Files, Sha256KnownAnswer) {
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+TEST(Files, AtomicWriteLeavesOnlyTheFinalFile) {
+  const std::string dir = FreshDir("atomic");
+  ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/a.bin", "hello"));
+  EXPECT_EQ(d.bytes, 5);
+  EXPECT_EQ(d.sha256, Sha256Hex("hello"));
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().filename(), "a.bin");
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadVerifiedFile(dir + "/a.bin", d));
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "hello");
+}
+
+TEST(Files, UncommittedWriterRemovesItsTemporaryFile) {
+  const std::string dir = FreshDir("uncommitted");
+  {
+    ASSERT_OK_AND_ASSIGN(auto writer, AtomicFileWriter::Create(dir + "/b.bin"));
+    ASSERT_THAT(writer->Append("partial"), IsOk());
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
+  const std::string dir = FreshDir("verify");
+  ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/c.bin", "content"));
+  EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes + 1, d.sha256}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has 7 bytes")));
+  EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes, Sha256Hex("other")}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has sha256")));
+}
+
+TEST(Hdf5Datastore, KeysRoundTripFloat32AndFloat16) {
+  const std::string dir = FreshDir("h5keys");
+  const testing::Datastore ds = testing::MakeDatastore(300, 12, 4, 1);
+  for (bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16);
+    const std::string path = dir + (fp16 ? "/keys16.h5" : "/keys32.h5");
+    ASSERT_THAT(WriteKeysHdf5(path, ds.keys.view(), fp16), IsOk());
+    ASSERT_OK_AND_ASSIGN(auto source, Hdf5KeySource::Open(path));
+    EXPECT_EQ(source->rows(), 300);
+    EXPECT_EQ(source->dim(), 12);
+    EXPECT_EQ(source->is_fp16(), fp16);
+    std::vector<float> rows(50 * 12);
+    ASSERT_THAT(source->Read(100, 150, rows.data()), IsOk());
+    for (int i = 0; i < 50 * 12; ++i) {
+      const float want = ds.keys.data()[100 * 12 + i];
+      EXPECT_EQ(rows[i], fp16 ? HalfToFloat(FloatToHalf(want)) : want);
+    }
+  }
+}
+
+TEST(Hdf5Datastore, ValuesRoundTripAndValidation) {
+  const std::string dir = FreshDir("h5values");
+  const testing::Datastore ds = testing::MakeDatastore(200, 4, 2, 2);
+  ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());
+  ASSERT_OK_AND_ASSIGN(DatastoreValues v, ReadValuesHdf5(dir + "/values.h5"));
+  EXPECT_EQ(v.tokens, ds.values.tokens);
+  EXPECT_EQ(v.offsets, ds.values.offsets);
+
+  DatastoreValues bad = ds.values;
+  bad.offsets.back() += 1;
+  ASSERT_THAT(WriteValuesHdf5(dir + "/bad.h5", bad), IsOk());
+  EXPECT_THAT(ReadValuesHdf5(dir + "/bad.h5"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("bad.h5"), HasSubstr("/offsets end at"))));
+  EXPECT_THAT(Hdf5KeySource::Open(dir + "/values.h5"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("values.h5")));
+}
+
+// An index built from keys.h5 + values.h5 answers exactly as one built from memory (Flat).
+TEST(Hdf5Datastore, BuildFromHdf5EqualsBuildFromMemory) {
+  const std::string dir = FreshDir("h5build");
+  const testing::Datastore ds = testing::MakeDatastore(800, 8, 6, 3);
+  ASSERT_THAT(WriteKeysHdf5(dir + "/keys.h5", ds.keys.view(), /*fp16=*/false), IsOk());
+  ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());
+  ASSERT_OK_AND_ASSIGN(auto keys, Hdf5KeySource::Open(dir + "/keys.h5"));
+  ASSERT_OK_AND_ASSIGN(DatastoreValues values, ReadValuesHdf5(dir + "/values.h5"));
+  IndexBuildOptions options;
+  options.shards = 2;
+  options.chunk_rows = 100;
+  options.progress.out = nullptr;
+  ASSERT_THAT(BuildIndex(*keys, &values, options, dir + "/from_h5"), IsOk());
+  MatrixKeySource memory(ds.keys.view());
+  ASSERT_THAT(BuildIndex(memory, &ds.values, options, dir + "/from_memory"), IsOk());
+  ASSERT_OK_AND_ASSIGN(auto a, CreateLocalEngine(dir + "/from_h5", {}));
+  ASSERT_OK_AND_ASSIGN(auto b, CreateLocalEngine(dir + "/from_memory", {}));
+  const Matrix<float> q = testing::MakeQueries(ds.keys, 7, 4);
+  ASSERT_OK_AND_ASSIGN(EngineResult ra, a->Search(testing::FullQuery(q, 5)));
+  ASSERT_OK_AND_ASSIGN(EngineResult rb, b->Search(testing::FullQuery(q, 5)));
+  EXPECT_EQ(ra.neighbors.ids, rb.neighbors.ids);
+  EXPECT_EQ(ra.neighbors.values, rb.neighbors.values);
+  EXPECT_EQ(ra.neighbors.distances, rb.neighbors.distances);
+}
+
+}  // namespace
+}  // namespace knnserve
