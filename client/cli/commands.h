@@ -9,6 +9,8 @@ namespace knnserve::cli {
 
 // Every Register* function adds one subcommand (with its own subcommands) to `app`.
 // (Modules append their declarations here.)
+// index build|search|info (client/cli/index_commands.cc).
+void RegisterIndexCommands(CLI::App& app);
 
 }  // namespace knnserve::cli
 

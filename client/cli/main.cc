@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", KNNSERVE_VERSION);
   app.require_subcommand(1);
   // Modules register their subcommands here, one call each.
+  knnserve::cli::RegisterIndexCommands(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -1,0 +1,176 @@
+// `knnserve index build|search|info`: build a sharded index directory from a datastore's HDF5
+// files, query it ad hoc, print its manifest. Torch-free: only the index layer (common/).
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/cli/commands.h"
+#include "common/datastore/hdf5_datastore.h"
+#include "common/index/builder.h"
+#include "common/index/index_engine.h"
+#include "common/index/manifest.h"
+
+namespace knnserve::cli {
+namespace {
+
+void ExitOnError(const absl::Status& status) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+  throw CLI::RuntimeError(1);
+}
+
+template <typename T>
+T ValueOrExit(absl::StatusOr<T> value) {
+  ExitOnError(value.status());
+  return *std::move(value);
+}
+
+Metric ParseMetric(const std::string& name) {
+  if (name == "l2" || name == "L2") return Metric::kL2;
+  if (name == "ip" || name == "inner_product") return Metric::kInnerProduct;
+  ExitOnError(absl::InvalidArgumentError(
+      absl::StrCat("--metric must be l2 or ip, got \"", name, "\"")));
+  return Metric::kL2;
+}
+
+struct BuildFlags {
+  std::string keys;
+  std::string values;
+  std::string out;
+  std::string metric = "l2";
+  IndexBuildOptions options;
+};
+
+void RunBuild(BuildFlags& f) {
+  f.options.metric = ParseMetric(f.metric);
+  std::unique_ptr<Hdf5KeySource> keys = ValueOrExit(Hdf5KeySource::Open(f.keys));
+  std::unique_ptr<DatastoreValues> values;
+  if (!f.values.empty()) {
+    values = std::make_unique<DatastoreValues>(ValueOrExit(ReadValuesHdf5(f.values)));
+  }
+  std::fprintf(stderr, "index build: %lld keys of dimension %d (%s) -> %s, \"%s\", %d shards\n",
+               static_cast<long long>(keys->rows()), keys->dim(),
+               keys->is_fp16() ? "float16" : "float32", f.out.c_str(),
+               f.options.factory.c_str(), f.options.shards);
+  const IndexManifest manifest = ValueOrExit(BuildIndex(*keys, values.get(), f.options, f.out));
+  std::printf("%s", manifest.ToJson().c_str());
+}
+
+struct SearchFlags {
+  std::string dir;
+  std::string queries;
+  int64_t rows = 10;
+  int shard = -1;  // -1: all shards merged
+  std::string subset;
+  IndexEngineOptions engine;
+  SearchParams params;
+};
+
+// "3,17,42" -> sentence ids.
+std::vector<int64_t> ParseSentences(const std::string& text) {
+  std::vector<int64_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(part, &id)) {
+      ExitOnError(absl::InvalidArgumentError(
+          absl::StrCat("--subset: \"", part, "\" is not a sentence id")));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+void RunSearch(const SearchFlags& f) {
+  std::unique_ptr<SearchEngine> engine =
+      ValueOrExit(f.shard < 0 ? CreateLocalEngine(f.dir, f.engine)
+                              : CreateEngine(f.dir, f.shard, f.engine));
+  std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
+  const int64_t rows = std::min(f.rows, source->rows());
+  SearchQuery query;
+  query.queries = Matrix<float>(rows, source->dim());
+  ExitOnError(source->Read(0, rows, query.queries.data()));
+  query.params = f.params;
+  if (!f.subset.empty()) {
+    query.subset_groups = std::make_shared<SubsetGroups>(SubsetGroups{ParseSentences(f.subset)});
+    query.row_group.assign(rows, 0);
+  }
+  const EngineResult result = ValueOrExit(engine->Search(query));
+  const Neighbors& n = result.neighbors;
+  std::printf("# %lld queries, k %d, %lld vectors searched; per query: rank id value distance\n",
+              static_cast<long long>(n.rows), n.k, static_cast<long long>(result.vectors_searched));
+  for (int64_t r = 0; r < n.rows; ++r) {
+    std::printf("query %lld\n", static_cast<long long>(r));
+    for (int j = 0; j < n.k; ++j) {
+      const int64_t i = r * n.k + j;
+      if (n.ids[i] < 0) break;
+      std::printf("  %d %lld %d %.6g\n", j, static_cast<long long>(n.ids[i]),
+                  n.has_values() ? n.values[i] : -1, n.distances[i]);
+    }
+  }
+}
+
+void RunInfo(const std::string& dir) {
+  const IndexManifest manifest = ValueOrExit(ReadManifest(dir));
+  std::printf("%s", manifest.ToJson().c_str());
+}
+
+}  // namespace
+
+void RegisterIndexCommands(CLI::App& app) {
+  CLI::App* index = app.add_subcommand("index", "Build, query and inspect sharded indexes");
+  index->require_subcommand(1);
+
+  auto build = std::make_shared<BuildFlags>();
+  CLI::App* b = index->add_subcommand("build", "Build a sharded index directory from keys.h5");
+  b->add_option("--keys", build->keys, "keys.h5 (/keys float16 or float32 [N, d])")->required();
+  b->add_option("--values", build->values,
+                "values.h5 (/tokens, /offsets): shards carry values and subset codes");
+  b->add_option("--factory", build->options.factory, "faiss index_factory string")
+      ->capture_default_str();
+  b->add_option("--shards", build->options.shards, "shards (contiguous id ranges)")
+      ->capture_default_str();
+  b->add_option("--out", build->out, "output directory")->required();
+  b->add_option("--train-size", build->options.train_size, "rows sampled for training")
+      ->capture_default_str();
+  b->add_option("--threads", build->options.threads, "OpenMP threads")->capture_default_str();
+  b->add_option("--metric", build->metric, "l2 or ip")->capture_default_str();
+  b->add_option("--subset-m", build->options.subset_m,
+                "subset PQ sub-quantizers (0: the index's PQ M)")
+      ->capture_default_str();
+  b->add_option("--opq-iterations", build->options.opq_iterations,
+                "OPQ training iterations (0: faiss default)")
+      ->capture_default_str();
+  b->add_option("--chunk-rows", build->options.chunk_rows, "rows read and added per step")
+      ->capture_default_str();
+  b->add_option("--seed", build->options.seed, "training sample seed")->capture_default_str();
+  b->callback([build] { RunBuild(*build); });
+
+  auto search = std::make_shared<SearchFlags>();
+  CLI::App* s = index->add_subcommand("search", "Query an index directory with rows of an HDF5");
+  s->add_option("dir", search->dir, "index directory")->required();
+  s->add_option("--queries", search->queries, "HDF5 file with /keys [n, d] (e.g. keys.h5)")
+      ->required();
+  s->add_option("--rows", search->rows, "first rows of --queries to search")
+      ->capture_default_str();
+  s->add_option("--k", search->params.k, "neighbours")->capture_default_str();
+  s->add_option("--nprobe", search->params.nprobe, "IVF lists probed (0: index default)")
+      ->capture_default_str();
+  s->add_option("--ef-search", search->params.ef_search, "HNSW efSearch (0: index default)")
+      ->capture_default_str();
+  s->add_option("--shard", search->shard, "one shard only (-1: all, merged)")
+      ->capture_default_str();
+  s->add_option("--subset", search->subset, "comma-separated sentence ids: subset search");
+  s->add_option("--threads", search->engine.threads, "OpenMP threads")->capture_default_str();
+  s->callback([search] { RunSearch(*search); });
+
+  auto dir = std::make_shared<std::string>();
+  CLI::App* i = index->add_subcommand("info", "Print an index directory's manifest");
+  i->add_option("dir", *dir, "index directory")->required();
+  i->callback([dir] { RunInfo(*dir); });
+}
+
+}  // namespace knnserve::cli

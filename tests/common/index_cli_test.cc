@@ -1,0 +1,72 @@
+// `knnserve index build|search|info` (client/cli/index_commands.cc, Torch-free) driven through
+// CLI11 as the knnserve tool does.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "client/cli/commands.h"
+#include "common/datastore/hdf5_datastore.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/index_test_util.h"
+
+namespace knnserve {
+namespace {
+
+using ::knnserve::testing::IsOk;
+using ::testing::HasSubstr;
+
+// Runs the index commands with `args` (without the program name); returns stdout.
+std::string RunCli(std::vector<std::string> args) {
+  CLI::App app;
+  cli::RegisterIndexCommands(app);
+  args.insert(args.begin(), "knnserve");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (...) {
+    ::testing::internal::GetCapturedStdout();
+    throw;
+  }
+  return ::testing::internal::GetCapturedStdout();
+}
+
+TEST(IndexCli, BuildInfoSearchRoundTrip) {
+  const std::string dir = testing::FreshDir("cli");
+  const testing::Datastore ds = testing::MakeDatastore(600, 8, 5, 8);
+  ASSERT_THAT(WriteKeysHdf5(dir + "/keys.h5", ds.keys.view(), /*fp16=*/true), IsOk());
+  ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());
+
+  const std::string built =
+      RunCli({"index", "build", "--keys", dir + "/keys.h5", "--values", dir + "/values.h5",
+           "--factory", "IVF4,PQ4", "--shards", "2", "--out", dir + "/index", "--threads", "1"});
+  EXPECT_THAT(built, HasSubstr("\"factory\": \"IVF4,PQ4\""));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/index/manifest.json"));
+
+  const std::string info = RunCli({"index", "info", dir + "/index"});
+  EXPECT_EQ(info, built);
+  EXPECT_THAT(info, HasSubstr("shard-00001.subset"));
+
+  const std::string full = RunCli({"index", "search", dir + "/index", "--queries", dir + "/keys.h5",
+                                "--rows", "3", "--k", "4", "--nprobe", "4"});
+  EXPECT_THAT(full, HasSubstr("# 3 queries, k 4, 600 vectors searched"));
+  // Row 0 is a stored key: its nearest neighbour is itself (id 0).
+  EXPECT_THAT(full, HasSubstr("query 0\n  0 0 " + std::to_string(ds.values.tokens[0]) + " "));
+
+  const std::string subset = RunCli({"index", "search", dir + "/index", "--queries",
+                                  dir + "/keys.h5", "--rows", "1", "--subset", "0,1"});
+  const int64_t subset_tokens = ds.values.offsets[2];
+  EXPECT_THAT(subset, HasSubstr(absl::StrCat(subset_tokens, " vectors searched")));
+}
+
+TEST(IndexCli, ErrorsExitWithStatusOne) {
+  EXPECT_THROW(RunCli({"index", "info", "/nonexistent/index"}), CLI::RuntimeError);
+  EXPECT_THROW(RunCli({"index", "build", "--keys", "/nonexistent.h5", "--out", "/tmp/x"}),
+               CLI::RuntimeError);
+}
+
+}  // namespace
+}  // namespace knnserve
