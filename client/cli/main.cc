@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // Modules register their subcommands here, one call each.
   knnserve::cli::RegisterIndexCommands(app);
+  knnserve::cli::RegisterModelCommands(app);
+  knnserve::cli::RegisterKnnCommands(app);
+  knnserve::cli::RegisterDatastoreCommands(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

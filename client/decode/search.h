@@ -1,0 +1,101 @@
+// Greedy and batched beam search over the reference transformer with incremental decoding,
+// and a per-step hook that may rewrite the log-probabilities from the step's decoder features
+// (kNN-MT interpolation plugs in there, like CTranslate2's LogitsProcessor).
+#ifndef KNNSERVE_CLIENT_DECODE_SEARCH_H_
+#define KNNSERVE_CLIENT_DECODE_SEARCH_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/model/transformer.h"
+#include "client/tokenizer/tokenizer.h"
+
+namespace knnserve {
+class ProgressBar;
+}
+
+namespace knnserve::decode {
+
+// What a LogitsProcessor sees at one decoding step. Rows are the live hypotheses
+// (sentences x beams, finished sentences removed).
+struct StepContext {
+  int64_t step = 0;            // 0-based index of the token being chosen
+  torch::Tensor features;      // [rows, d]: decoder output features (the kNN-MT query)
+  torch::Tensor ffn_in;        // [rows, d]: input of the last decoder FFN
+  torch::Tensor sentence;      // [rows] int64: index of each row's sentence in the input batch
+  torch::Tensor log_probs;     // [rows, V] float: model log-probabilities; may be replaced
+};
+
+// Called once per step, before special-token constraints and hypothesis selection.
+// Implementations must keep log_probs' shape; they may be called from one thread at a time.
+class LogitsProcessor {
+ public:
+  virtual ~LogitsProcessor() = default;
+  // Called once per batch after the encoder ran, before the first step: src_tokens
+  // [batch, src_len], the batch's encoder output. StepContext::sentence indexes this batch.
+  // (Subset kNN-MT picks each sentence's datastore subset here.)
+  virtual absl::Status BeginBatch(const torch::Tensor& /*src_tokens*/,
+                                  const model::EncoderOutput& /*encoder_out*/) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status Process(StepContext& context) = 0;
+};
+
+struct SearchOptions {
+  int beam_size = 5;            // 1 is greedy
+  double length_penalty = 1.0;  // final score = sum log p / (length incl. EOS)^length_penalty
+  double max_len_a = 1.2;       // at most max_len_a * source_len + max_len_b tokens (+ EOS)
+  int64_t max_len_b = 10;
+  int64_t min_len = 1;          // EOS is blocked before this many tokens
+  int nbest = 1;                // hypotheses returned per sentence (<= beam_size)
+  LogitsProcessor* processor = nullptr;  // not owned; may be null
+};
+
+struct Hypothesis {
+  std::vector<int> tokens;              // without EOS
+  std::vector<float> token_log_probs;   // per token, including the final EOS
+  double score = 0;                     // length-normalized log-probability
+};
+
+// Validates options (positive beam, nbest <= beam, max_len_b >= 0, ...).
+absl::Status ValidateSearchOptions(const SearchOptions& options);
+
+// Beam search for a batch. src_tokens [batch, src_len] int64, rows ending with EOS then padding.
+// Returns options.nbest hypotheses per sentence, best first. Eval mode is the caller's job.
+absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamSearch(model::TransformerModel& model,
+                                                                const torch::Tensor& src_tokens,
+                                                                const SearchOptions& options);
+
+// Greedy search (argmax each step) for a batch; one hypothesis per sentence.
+absl::StatusOr<std::vector<Hypothesis>> GreedySearch(model::TransformerModel& model,
+                                                     const torch::Tensor& src_tokens,
+                                                     const SearchOptions& options);
+
+// Encodes texts (+EOS, truncated to the model's source positions) into [batch, len] padded.
+absl::StatusOr<torch::Tensor> EncodeSources(const Tokenizer& tokenizer,
+                                            const std::vector<std::string>& texts,
+                                            int64_t max_len, int64_t pad_id, int64_t eos_id);
+
+struct TranslateStats {
+  int64_t sentences = 0;
+  int64_t generated_tokens = 0;  // subword tokens of the best hypotheses, without EOS
+};
+
+// Translates texts in length-sorted batches of `batch_size` (greedy when beam_size == 1) and
+// returns the detokenized best hypothesis of each, in input order. `progress` may be null.
+absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel& model,
+                                                        const Tokenizer& tokenizer,
+                                                        const std::vector<std::string>& texts,
+                                                        const SearchOptions& options,
+                                                        int64_t batch_size,
+                                                        TranslateStats* stats = nullptr,
+                                                        ProgressBar* progress = nullptr);
+
+}  // namespace knnserve::decode
+
+#endif  // KNNSERVE_CLIENT_DECODE_SEARCH_H_

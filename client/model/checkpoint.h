@@ -1,0 +1,55 @@
+// Model checkpoints: one file, written with torch::pickle_save (a zip that Python's torch.load
+// reads as a dict, and that the fairseq converter writes with torch.save):
+//
+//   {"format": "knnserve.transformer", "version": 1,
+//    "config": <TransformerConfig JSON>,
+//    "tokenizer": uint8 tensor (the SentencePiece .model bytes; may be empty),
+//    "model": {fairseq parameter name: tensor} (a shared tensor is stored once, under its
+//              first name, e.g. encoder.embed_tokens.weight),
+//    "trainer": {"state": <JSON>, "tensors": {name: tensor}}   (training checkpoints only)}
+//
+// Files are written atomically (temp file, fsync, rename, fsync of the directory): a crash
+// leaves the previous checkpoint intact, never a half-written one.
+#ifndef KNNSERVE_CLIENT_MODEL_CHECKPOINT_H_
+#define KNNSERVE_CLIENT_MODEL_CHECKPOINT_H_
+
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/model/transformer.h"
+
+namespace knnserve::model {
+
+// What a trainer needs to resume: free-form JSON (step, epoch, position) and named tensors
+// (optimizer moments).
+struct TrainerState {
+  std::string json;
+  std::map<std::string, torch::Tensor> tensors;
+};
+
+struct LoadedModel {
+  TransformerModel model{nullptr};  // float32, CPU, eval mode
+  std::string tokenizer;            // serialized SentencePiece model, "" if none stored
+  std::optional<TrainerState> trainer;
+};
+
+// Saves `model`'s parameters converted to `dtype` (kFloat or kHalf).
+absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
+                            const std::string& tokenizer, const TrainerState* trainer,
+                            torch::Dtype dtype = torch::kFloat);
+
+// Loads a checkpoint; every model parameter must be present with the right shape, and no
+// unknown parameter may be present (the error names it).
+absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& path);
+
+// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename).
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+}  // namespace knnserve::model
+
+#endif  // KNNSERVE_CLIENT_MODEL_CHECKPOINT_H_
