@@ -54,12 +54,19 @@ namespace adc_internal {
 
 void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
                 int m_count, float* out) {
+  const int full = m_count / 16 * 16;
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* code = codes + i * m_count;
     for (int q = 0; q < num_queries; ++q) {
       const float* lut = luts[q];
+      // 16 independent partial sums (the canonical lanes): the loads of one chunk overlap.
       float acc[16] = {};
-      for (int m = 0; m < m_count; ++m) acc[m % 16] += lut[m * 256 + code[m]];
+      for (int mb = 0; mb < full; mb += 16) {
+        const float* l = lut + mb * 256;
+        const uint8_t* c = code + mb;
+        for (int j = 0; j < 16; ++j) acc[j] += l[j * 256 + c[j]];
+      }
+      for (int m = full; m < m_count; ++m) acc[m - full] += lut[m * 256 + code[m]];
       for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
       for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
       for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];

@@ -23,6 +23,7 @@
 #include "faiss/impl/io.h"
 #include "faiss/index_factory.h"
 #include "faiss/index_io.h"
+#include "faiss/invlists/InvertedLists.h"
 
 namespace knnserve {
 namespace {
@@ -134,6 +135,42 @@ void NormaliseRows(Metric metric, Neighbors& out) {
     std::copy(ids.begin(), ids.end(), id);
   }
 }
+
+// Read-only inverted lists with 4-byte local ids. faiss asks for a list's ids through
+// get_ids/release_ids (the hook faiss's on-disk lists use), so the 8-byte ids it scans with are
+// materialised per probed list, per call: thread-safe, and small next to scanning the codes.
+class CompactInvertedLists : public faiss::ReadOnlyInvertedLists {
+ public:
+  explicit CompactInvertedLists(const faiss::InvertedLists& from)
+      : faiss::ReadOnlyInvertedLists(from.nlist, from.code_size),
+        codes_(from.nlist),
+        ids_(from.nlist) {
+    for (size_t l = 0; l < from.nlist; ++l) {
+      const size_t n = from.list_size(l);
+      faiss::InvertedLists::ScopedCodes codes(&from, l);
+      faiss::InvertedLists::ScopedIds ids(&from, l);
+      codes_[l].assign(codes.get(), codes.get() + n * code_size);
+      ids_[l].assign(ids.get(), ids.get() + n);
+    }
+  }
+
+  size_t list_size(size_t list_no) const override { return ids_[list_no].size(); }
+  const uint8_t* get_codes(size_t list_no) const override { return codes_[list_no].data(); }
+  const idx_t* get_ids(size_t list_no) const override {
+    const std::vector<uint32_t>& ids = ids_[list_no];
+    auto* out = new idx_t[ids.size()];
+    std::copy(ids.begin(), ids.end(), out);
+    return out;
+  }
+  void release_ids(size_t /*list_no*/, const idx_t* ids) const override { delete[] ids; }
+  idx_t get_single_id(size_t list_no, size_t offset) const override {
+    return ids_[list_no][offset];
+  }
+
+ private:
+  std::vector<std::vector<uint8_t>> codes_;
+  std::vector<std::vector<uint32_t>> ids_;
+};
 
 absl::StatusOr<FileDigest> SaveFaiss(const faiss::Index* index, const std::string& path) {
   faiss::VectorIOWriter writer;
@@ -250,6 +287,27 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
                                                                               &writer); }));
   ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(std::move(writer.data)));
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
+}
+
+absl::Status FaissIndex::CompactIds() {
+  auto* ivf = dynamic_cast<faiss::IndexIVF*>(const_cast<faiss::Index*>(Unwrap(index_.get())));
+  if (ivf == nullptr || dynamic_cast<const CompactInvertedLists*>(ivf->invlists)) {
+    return absl::OkStatus();
+  }
+  if (ivf->ntotal >= (int64_t{1} << 32)) {
+    return absl::FailedPreconditionError("CompactIds: more than 2^32 vectors in one shard");
+  }
+  return Guard("compact inverted lists", threads_, [&] {
+    ivf->replace_invlists(new CompactInvertedLists(*ivf->invlists), /*own=*/true);
+  });
+}
+
+double FaissIndex::InvertedListBytesPerVector() const {
+  auto* ivf = dynamic_cast<const faiss::IndexIVF*>(Unwrap(index_.get()));
+  if (ivf == nullptr || ivf->ntotal == 0) return 0;
+  const bool compact = dynamic_cast<const CompactInvertedLists*>(ivf->invlists) != nullptr;
+  const size_t id_bytes = compact ? sizeof(uint32_t) : sizeof(idx_t);
+  return static_cast<double>(ivf->code_size + id_bytes);
 }
 
 void FaissIndex::SetOpqIterations(int iterations) {

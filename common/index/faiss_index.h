@@ -51,6 +51,14 @@ class FaissIndex : public SearchIndex {
   // build starts from one. REQUIRES: is_trained() and size() == 0.
   absl::StatusOr<std::unique_ptr<FaissIndex>> CloneEmpty() const;
 
+  // Freezes an IVF index into serving form: its inverted lists keep each vector's local id in 4
+  // bytes instead of faiss's 8 (the shard's global id is its base + local id), so a shard costs
+  // code bytes + 4 per vector. Afterwards Add fails, Save still writes faiss's own format. Does
+  // nothing for non-IVF indexes. REQUIRES: size() < 2^32.
+  absl::Status CompactIds();
+  // Bytes per vector in the IVF inverted lists (codes + ids), or 0 for a non-IVF index.
+  double InvertedListBytesPerVector() const;
+
   // Sets the training iterations of every OPQ rotation in the index's transform chain (faiss's
   // default is 50, slow on big samples). Call before Train.
   void SetOpqIterations(int iterations);

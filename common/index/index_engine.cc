@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
   ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
                    FaissIndex::Deserialize(std::move(bytes), options.threads));
+  RETURN_IF_ERROR(index->CompactIds());  // codes + 4 bytes per vector while serving
   const int64_t rows = shard.id_end - shard.id_begin;
   if (index->dim() != manifest.dim || index->metric() != manifest.metric ||
       index->size() != rows) {

@@ -144,6 +144,23 @@ TEST(IndexEngine, IvfPqRecallAboveFloor) {
   EXPECT_GE(recall, 0.5);
 }
 
+// Serving form: 4-byte local ids in the inverted lists, identical answers.
+TEST(FaissIndex, CompactIdsKeepsAnswersAndCostsCodesPlusFourBytes) {
+  ASSERT_OK_AND_ASSIGN(auto index, FaissIndex::Create("IVF16,PQ8", kDim, Metric::kL2, 1));
+  ASSERT_THAT(index->Train({Data().keys.data(), 2600, kDim}), IsOk());
+  ASSERT_THAT(index->Add(Data().keys.view()), IsOk());
+  const Matrix<float> q = MakeQueries(Data().keys, 20, 22);
+  ASSERT_OK_AND_ASSIGN(Neighbors before, index->Search(q.view(), {10, 4, 0}));
+  EXPECT_EQ(index->InvertedListBytesPerVector(), 8 + 8);
+  ASSERT_THAT(index->CompactIds(), IsOk());
+  EXPECT_EQ(index->InvertedListBytesPerVector(), 8 + 4);
+  ASSERT_OK_AND_ASSIGN(Neighbors after, index->Search(q.view(), {10, 4, 0}));
+  EXPECT_EQ(before.ids, after.ids);
+  EXPECT_EQ(before.distances, after.distances);
+  EXPECT_THAT(index->Add({Data().keys.data(), 1, kDim}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("faiss")));
+}
+
 TEST(IndexEngine, OpqPcaFactoriesBuildAndSearch) {
   for (const char* factory : {"OPQ4_16,IVF16,PQ4", "PCA8,IVF16,PQ4", "IVF16_HNSW8,PQ4"}) {
     SCOPED_TRACE(factory);

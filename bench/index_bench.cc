@@ -1,0 +1,363 @@
+// index_bench: the index layer's benchmarks (issue 3), printed as Markdown tables for
+// docs/index.md. Never asserts on time.
+//
+//   a) full IVFPQ search: queries/s of FaissIndex::Search (our wrapper) vs faiss's own
+//      index->search on the same index object, batch 1/16/64/256, k 16/64;
+//   b) subset ADC: codes/s of SubsetAdc vs faiss's PQ distance tables + faiss's scan loop over
+//      the same codes (and a full scan vs faiss IndexPQ), with this machine's memory bandwidth
+//      measured in the same run;
+//   c) beam sharing: 5 queries sharing one subset vs 1 query.
+//
+//   index_bench --rows 1000000 --dim 512 --threads 2 [--skip-ivf] [--adc-codes 8000000]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "common/adc/subset_adc.h"
+#include "common/index/faiss_index.h"
+#include "common/progress.h"
+#include "faiss/IndexIVF.h"
+#include "faiss/IndexPQ.h"
+#include "faiss/impl/ProductQuantizer.h"
+#include "faiss/utils/Heap.h"
+
+namespace knnserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Best-of-`reps` seconds of `fn` (after one warm-up call).
+double TimeBest(int reps, const std::function<void()>& fn) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return best;
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
+
+// Clustered Gaussian data: `clusters` centres, unit noise.
+Matrix<float> Clustered(int64_t rows, int dim, int clusters, uint64_t seed) {
+  Matrix<float> out(rows, dim);
+  std::vector<float> centres(static_cast<size_t>(clusters) * dim);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  for (float& c : centres) c = 2 * normal(rng);
+#pragma omp parallel
+  {
+    std::mt19937_64 local(seed + 1 + omp_get_thread_num());
+    std::normal_distribution<float> n;
+    std::uniform_int_distribution<int> pick(0, clusters - 1);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* c = centres.data() + static_cast<size_t>(pick(local)) * dim;
+      for (int j = 0; j < dim; ++j) out.at(i, j) = c[j] + n(local);
+    }
+  }
+  return out;
+}
+
+// Read bandwidth (GB/s) of summing a 1 GiB buffer (far larger than the caches) with `threads`;
+// an integer sum, which the compiler vectorises, so the loop is bound by memory, not adds.
+double MemoryBandwidth(int threads) {
+  const size_t n = size_t{1} << 27;  // 1 GiB of uint64
+  std::vector<uint64_t> buf(n);
+#pragma omp parallel for num_threads(threads)
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  uint64_t sink = 0;
+  const double s = TimeBest(3, [&] {
+    uint64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total)
+    for (size_t i = 0; i < n; ++i) total += buf[i];
+    sink += total;
+  });
+  if (sink == 42) std::printf(" ");
+  return n * sizeof(uint64_t) / s / 1e9;
+}
+
+// ---- a) IVFPQ full search -----------------------------------------------------------------------
+
+void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const std::string& factory,
+                int nprobe) {
+  std::fprintf(stderr, "a) generating %lld x %d, training %s on %lld rows...\n",
+               static_cast<long long>(rows), dim, factory.c_str(),
+               static_cast<long long>(train_size));
+  omp_set_num_threads(threads);
+  const Matrix<float> data = Clustered(rows, dim, 1000, 1);
+  auto index_or = FaissIndex::Create(factory, dim, Metric::kL2, threads);
+  Check(index_or.status());
+  std::unique_ptr<FaissIndex> index = *std::move(index_or);
+  const auto t0 = Clock::now();
+  Check(index->Train({data.data(), std::min(rows, train_size), dim}));
+  const auto t1 = Clock::now();
+  {
+    ProgressBar bar("add", rows);
+    for (int64_t b = 0; b < rows; b += 65536) {
+      const int64_t n = std::min<int64_t>(65536, rows - b);
+      Check(index->Add({data.row(b), n, dim}));
+      bar.Add(n);
+    }
+  }
+  const auto t2 = Clock::now();
+  std::printf("\n### a) IVFPQ full search: %s, %lld x %d, nprobe %d, %d threads\n\n",
+              factory.c_str(), static_cast<long long>(rows), dim, nprobe, threads);
+  std::printf("train %.1f s on %lld rows; add %.0f vectors/s\n\n", Seconds(t0, t1),
+              static_cast<long long>(std::min(rows, train_size)), rows / Seconds(t1, t2));
+  std::printf("| k | batch | ours q/s | faiss q/s | ours / faiss |\n|---|---|---|---|---|\n");
+  const Matrix<float> queries = Clustered(1024, dim, 1000, 2);
+  const faiss::Index& raw = index->faiss_index();
+  faiss::SearchParametersIVF ivf;
+  ivf.nprobe = nprobe;
+  for (int k : {16, 64}) {
+    for (int batch : {1, 16, 64, 256}) {
+      const int calls = std::max(1, 256 / batch);  // 256 queries per timing
+      SearchParams params{k, nprobe, 0};
+      std::vector<float> dist(static_cast<size_t>(batch) * k);
+      std::vector<faiss::Index::idx_t> ids(dist.size());
+      const int64_t total = static_cast<int64_t>(calls) * batch;
+      // Interleave the two (3 rounds each) so that load from other processes hits both alike.
+      double ours = 1e30, theirs = 1e30;
+      for (int round = 0; round < 3; ++round) {
+        ours = std::min(ours, TimeBest(1, [&] {
+          for (int c = 0; c < calls; ++c) {
+            auto r = index->Search({queries.row((c * batch) % 768), batch, dim}, params);
+            Check(r.status());
+          }
+        }));
+        theirs = std::min(theirs, TimeBest(1, [&] {
+          omp_set_num_threads(threads);
+          for (int c = 0; c < calls; ++c) {
+            raw.search(batch, queries.row((c * batch) % 768), k, dist.data(), ids.data(), &ivf);
+          }
+        }));
+      }
+      std::printf("| %d | %d | %.0f | %.0f | %.3f |\n", k, batch, total / ours, total / theirs,
+                  theirs / ours);
+      std::fflush(stdout);
+    }
+  }
+}
+
+// ---- b) and c) subset ADC -----------------------------------------------------------------------
+
+struct AdcSetup {
+  PqCodebook codebook;
+  SubsetCodes codes;
+  std::unique_ptr<faiss::ProductQuantizer> pq;  // same centroids, for faiss's tables
+};
+
+// Random codebook and codes: ADC speed does not depend on the values.
+AdcSetup MakeAdc(int64_t vectors, int dsub, int m) {
+  AdcSetup s;
+  s.codebook.m = m;
+  s.codebook.dsub = dsub;
+  s.codebook.centroids.resize(static_cast<size_t>(m) * 256 * dsub);
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal;
+  for (float& c : s.codebook.centroids) c = normal(rng);
+  s.pq = std::make_unique<faiss::ProductQuantizer>(m * dsub, m, 8);
+  s.pq->centroids = s.codebook.centroids;
+  s.codes.m = m;
+  s.codes.offsets = {0};
+  std::uniform_int_distribution<int> len(10, 50);  // sentences of 10..50 tokens (mean 30)
+  while (s.codes.offsets.back() < vectors) {
+    s.codes.offsets.push_back(std::min<int64_t>(vectors, s.codes.offsets.back() + len(rng)));
+  }
+  s.codes.codes.resize(static_cast<size_t>(vectors) * m);
+#pragma omp parallel
+  {
+    std::mt19937_64 local(5 + omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < static_cast<int64_t>(s.codes.codes.size()); i += 8) {
+      const uint64_t r = local();
+      std::memcpy(&s.codes.codes[i], &r, std::min<size_t>(8, s.codes.codes.size() - i));
+    }
+  }
+  return s;
+}
+
+// faiss's PQ distance table + faiss's heap, the generic scan loop faiss's own IndexPQ runs,
+// over the ranges of `sentences`; one query.
+void FaissSubsetScan(const AdcSetup& s, const float* query, const std::vector<int64_t>& sentences,
+                     int k, float* dist, faiss::Index::idx_t* ids) {
+  const int m = s.codebook.m;
+  std::vector<float> table(static_cast<size_t>(m) * 256);
+  s.pq->compute_distance_table(query, table.data());
+  faiss::maxheap_heapify(k, dist, ids);
+  for (int64_t sentence : sentences) {
+    for (int64_t t = s.codes.offsets[sentence]; t < s.codes.offsets[sentence + 1]; ++t) {
+      const uint8_t* code = s.codes.codes.data() + t * m;
+      float d = 0;
+      for (int j = 0; j < m; ++j) d += table[j * 256 + code[j]];
+      if (d < dist[0]) faiss::maxheap_replace_top(k, dist, ids, d, t);
+    }
+  }
+  faiss::maxheap_reorder(k, dist, ids);
+}
+
+void BenchAdc(int64_t vectors, int dim, int m, int threads) {
+  std::fprintf(stderr, "b) generating %lld codes of %d bytes...\n", static_cast<long long>(vectors),
+               m);
+  omp_set_num_threads(threads);
+  AdcSetup s = MakeAdc(vectors, dim / m, m);
+  const int64_t sentences = s.codes.num_sentences();
+  const Matrix<float> queries = Clustered(64, dim, 4, 3);
+  const double bw1 = MemoryBandwidth(1);
+  const double bwn = MemoryBandwidth(threads);
+  std::printf("\n### b) subset ADC: M = %d (d %d after transform), %lld codes (%.0f MiB), "
+              "sentences of 10..50 tokens, k 64\n\n",
+              m, dim, static_cast<long long>(vectors), vectors * m / 1048576.0);
+  std::printf("memory read bandwidth (sum over 1 GiB): %.1f GB/s 1 thread, %.1f GB/s %d threads"
+              "; ADC kernel: %s\n\n",
+              bw1, bwn, threads, std::string(AdcKernelName(BestAdcKernel())).c_str());
+  std::printf("| subset | threads | ours Mcodes/s | faiss Mcodes/s | ours / faiss | ours GB/s "
+              "| %% of bandwidth |\n|---|---|---|---|---|---|---|\n");
+  std::mt19937_64 rng(6);
+  for (int64_t subset_sentences : {int64_t{1000}, int64_t{10000}, sentences / 2}) {
+    for (int t : {1, threads}) {
+      // One group per thread, each a different random subset; one query each.
+      SubsetGroups groups(t);
+      int64_t subset_codes = 0;
+      for (auto& g : groups) {
+        std::vector<int64_t> all(sentences);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        all.resize(subset_sentences);
+        std::sort(all.begin(), all.end());
+        for (int64_t x : all) subset_codes += s.codes.offsets[x + 1] - s.codes.offsets[x];
+        g = std::move(all);
+      }
+      std::vector<int32_t> row_group(t);
+      std::iota(row_group.begin(), row_group.end(), 0);
+      SubsetCodes codes = s.codes;  // copy: Create takes ownership
+      auto adc_or = SubsetAdc::Create(s.codebook, Metric::kL2, std::move(codes), {t});
+      Check(adc_or.status());
+      const auto& adc = *adc_or;
+      const double ours = TimeBest(3, [&] {
+        Check(adc->SearchSubset({queries.data(), t, dim}, groups, row_group, 64).status());
+      });
+      const double theirs = TimeBest(3, [&] {
+#pragma omp parallel for num_threads(t)
+        for (int g = 0; g < t; ++g) {
+          std::vector<float> d(64);
+          std::vector<faiss::Index::idx_t> i(64);
+          FaissSubsetScan(s, queries.row(g), groups[g], 64, d.data(), i.data());
+        }
+      });
+      const double ours_rate = subset_codes / ours;
+      const double gbs = ours_rate * m / 1e9;
+      std::printf("| %lld sentences (%.1f MiB/group) | %d | %.0f | %.0f | %.2f | %.1f | %.0f%% |\n",
+                  static_cast<long long>(subset_sentences),
+                  subset_codes / t * m / 1048576.0, t, ours_rate / 1e6,
+                  subset_codes / theirs / 1e6, theirs / ours, gbs,
+                  100 * gbs / (t == 1 ? bw1 : bwn));
+      std::fflush(stdout);
+    }
+  }
+
+  // Full scan of all codes vs faiss IndexPQ::search (its own scan), one thread, 1 query.
+  {
+    faiss::IndexPQ index(dim, m, 8);
+    index.pq.centroids = s.codebook.centroids;
+    index.is_trained = true;
+    index.codes = s.codes.codes;
+    index.ntotal = vectors;
+    SubsetGroups all(1);
+    all[0].resize(sentences);
+    std::iota(all[0].begin(), all[0].end(), 0);
+    SubsetCodes codes = s.codes;
+    auto adc = *SubsetAdc::Create(s.codebook, Metric::kL2, std::move(codes), {1});
+    omp_set_num_threads(1);
+    std::vector<float> d(64);
+    std::vector<faiss::Index::idx_t> i(64);
+    const double theirs = TimeBest(2, [&] { index.search(1, queries.data(), 64, d.data(), i.data()); });
+    const double ours = TimeBest(2, [&] {
+      Check(adc->SearchSubset({queries.data(), 1, dim}, all, std::vector<int32_t>{0}, 64).status());
+    });
+    std::printf("\nfull scan of all %lld codes, 1 thread, 1 query: ours %.0f Mcodes/s, faiss "
+                "IndexPQ::search %.0f Mcodes/s (ours / faiss %.2f)\n",
+                static_cast<long long>(vectors), vectors / ours / 1e6, vectors / theirs / 1e6,
+                theirs / ours);
+  }
+
+  // c) beam sharing: 5 rows sharing one group vs 1 row, 1 thread.
+  std::printf("\n### c) beam sharing (1 thread, k 64): 5 queries sharing a subset vs 1 query\n\n");
+  std::printf("| subset | 1 query ms | 5 queries ms | ratio |\n|---|---|---|---|\n");
+  for (int64_t subset_sentences : {int64_t{100}, int64_t{1000}, int64_t{10000}}) {
+    SubsetGroups group(1);
+    group[0].resize(subset_sentences);
+    std::vector<int64_t> all(sentences);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + subset_sentences, group[0].begin());
+    SubsetCodes codes = s.codes;
+    auto adc = *SubsetAdc::Create(s.codebook, Metric::kL2, std::move(codes), {1});
+    const double one = TimeBest(5, [&] {
+      Check(adc->SearchSubset({queries.data(), 1, dim}, group, std::vector<int32_t>{0}, 64)
+                .status());
+    });
+    const double five = TimeBest(5, [&] {
+      Check(adc->SearchSubset({queries.data(), 5, dim}, group, std::vector<int32_t>(5, 0), 64)
+                .status());
+    });
+    std::printf("| %lld sentences | %.3f | %.3f | %.2f |\n",
+                static_cast<long long>(subset_sentences), one * 1e3, five * 1e3, five / one);
+  }
+}
+
+}  // namespace
+}  // namespace knnserve
+
+int main(int argc, char** argv) {
+  CLI::App app{"index_bench: IVFPQ wrapper vs faiss, subset ADC vs faiss, beam sharing"};
+  int64_t rows = 1000000;
+  int dim = 512;
+  int threads = 2;
+  int64_t train_size = 131072;
+  std::string factory = "IVF4096,PQ64";
+  int nprobe = 32;
+  int64_t adc_codes = 8000000;
+  int adc_dim = 256;
+  int adc_m = 64;
+  bool skip_ivf = false;
+  bool skip_adc = false;
+  app.add_option("--rows", rows)->capture_default_str();
+  app.add_option("--dim", dim)->capture_default_str();
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--train-size", train_size)->capture_default_str();
+  app.add_option("--factory", factory)->capture_default_str();
+  app.add_option("--nprobe", nprobe)->capture_default_str();
+  app.add_option("--adc-codes", adc_codes)->capture_default_str();
+  app.add_option("--adc-dim", adc_dim, "dimension after the PCA/OPQ transform")
+      ->capture_default_str();
+  app.add_option("--adc-m", adc_m)->capture_default_str();
+  app.add_flag("--skip-ivf", skip_ivf);
+  app.add_flag("--skip-adc", skip_adc);
+  CLI11_PARSE(app, argc, argv);
+  if (!skip_adc) knnserve::BenchAdc(adc_codes, adc_dim, adc_m, threads);
+  if (!skip_ivf) knnserve::BenchIvfPq(rows, dim, threads, train_size, factory, nprobe);
+  return 0;
+}
