@@ -5,9 +5,7 @@
 
 namespace knnserve {
 
-LatencyWindow::LatencyWindow(size_t capacity) : capacity_(capacity) {
-  samples_.reserve(capacity_);
-}
+LatencyWindow::LatencyWindow(size_t capacity) : capacity_(capacity) { samples_.reserve(capacity_); }
 
 void LatencyWindow::Add(absl::Duration latency) {
   absl::MutexLock lock(&mu_);
@@ -26,8 +24,8 @@ std::optional<absl::Duration> LatencyWindow::Quantile(double q, size_t min_sampl
     if (samples_.empty() || samples_.size() < min_samples) return std::nullopt;
     sorted = samples_;
   }
-  const size_t index = std::min(sorted.size() - 1,
-                                static_cast<size_t>(std::max(1.0, std::ceil(q * sorted.size()))) - 1);
+  const size_t index = std::min(
+      sorted.size() - 1, static_cast<size_t>(std::max(1.0, std::ceil(q * sorted.size()))) - 1);
   std::nth_element(sorted.begin(), sorted.begin() + index, sorted.end());
   return sorted[index];
 }

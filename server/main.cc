@@ -45,8 +45,7 @@ int Run(const RouterFlags& flags) {
   options.hedge.enabled = !flags.no_hedge;
   options.hedge.delay = absl::Microseconds(static_cast<int64_t>(flags.hedge_delay_ms * 1000));
   options.max_timeout = absl::Microseconds(static_cast<int64_t>(flags.timeout_ms * 1000));
-  options.probe_interval =
-      absl::Microseconds(static_cast<int64_t>(flags.probe_interval_ms * 1000));
+  options.probe_interval = absl::Microseconds(static_cast<int64_t>(flags.probe_interval_ms * 1000));
   options.shard_tls = flags.server.tls;
   options.shard_tls_server_name = flags.shard_tls_server_name;
 

@@ -60,7 +60,7 @@ v1::DegradedReason ReasonFor(const absl::Status& status) {
       return v1::DEGRADED_REASON_TIMEOUT;
     case absl::StatusCode::kUnavailable:
       return absl::StrContains(status.message(), "loading") ? v1::DEGRADED_REASON_LOADING
-                                                              : v1::DEGRADED_REASON_SHARD_DOWN;
+                                                            : v1::DEGRADED_REASON_SHARD_DOWN;
     default:
       return v1::DEGRADED_REASON_ERROR;
   }
@@ -100,8 +100,10 @@ class FanOut {
       absl::StatusOr<v1::SearchResponse>& result = results_[i];
       if (result.ok()) {
         absl::StatusOr<Neighbors> neighbors = DecodeNeighbors(*result);
-        if (!neighbors.ok()) result = neighbors.status();
-        else parts.push_back(*std::move(neighbors));
+        if (!neighbors.ok())
+          result = neighbors.status();
+        else
+          parts.push_back(*std::move(neighbors));
       }
       if (result.ok()) {
         const v1::Coverage& part = result->coverage();
@@ -121,8 +123,7 @@ class FanOut {
       // The gap's size is known for a full search; for a subset search it would need the
       // missing shard's sentence lengths, so only what answered is counted.
       if (!subset_) {
-        coverage.set_vectors_total(coverage.vectors_total() + shard.id_end() -
-                                   shard.id_begin());
+        coverage.set_vectors_total(coverage.vectors_total() + shard.id_end() - shard.id_begin());
       }
       v1::DegradedShard* degraded = coverage.add_degraded();
       degraded->set_shard_id(shard.shard_id());
@@ -132,11 +133,9 @@ class FanOut {
       missing.push_back(absl::StrCat("shard ", shard.shard_id(), " (", status.message(), ")"));
     }
     if (!missing.empty() && !allow_partial_) {
-      const std::string message = absl::StrCat(
-          missing.size(), " of ", targets_.size(), " shards missing: ",
-          absl::StrJoin(missing, "; "));
-      return all_timeouts ? absl::DeadlineExceededError(message)
-                          : absl::UnavailableError(message);
+      const std::string message = absl::StrCat(missing.size(), " of ", targets_.size(),
+                                               " shards missing: ", absl::StrJoin(missing, "; "));
+      return all_timeouts ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
     }
     if (parts.empty()) {
       answer.neighbors = Neighbors::Missing(rows_, k_, metric_, /*with_values=*/false);
@@ -265,8 +264,10 @@ void Router::Update() {
   if (reason.empty()) {
     topology->shape = {topology->info.dim(), topology->info.num_sentences()};
     absl::StatusOr<Metric> metric = MetricFromProto(topology->info.metric());
-    if (metric.ok()) topology->metric = *metric;
-    else reason = std::string(metric.status().message());
+    if (metric.ok())
+      topology->metric = *metric;
+    else
+      reason = std::string(metric.status().message());
   }
   const bool healthy = reason.empty() && all_replicated;
   bool changed = false;
@@ -343,8 +344,8 @@ void Router::Search(SearchCall call, SearchDone done) {
         done(std::move(answer));
       });
   for (size_t i = 0; i < targets.size(); ++i) {
-    StartShardCall(shards_[targets[i]].get(), request, deadline, call.cancel, &scheduler_, &options_.hedge,
-                   [fan_out, i](absl::StatusOr<v1::SearchResponse> result) {
+    StartShardCall(shards_[targets[i]].get(), request, deadline, call.cancel, &scheduler_,
+                   &options_.hedge, [fan_out, i](absl::StatusOr<v1::SearchResponse> result) {
                      fan_out->Done(i, std::move(result));
                    });
   }

@@ -49,8 +49,7 @@ class Router : public SearchBackend {
  public:
   // `metrics` must outlive the router. `on_health` (may be empty) is called from the prober
   // thread whenever the aggregated health changes.
-  static absl::StatusOr<std::unique_ptr<Router>> Create(const ShardMap& map,
-                                                        RouterOptions options,
+  static absl::StatusOr<std::unique_ptr<Router>> Create(const ShardMap& map, RouterOptions options,
                                                         MetricsRegistry* metrics,
                                                         std::function<void(bool)> on_health);
   ~Router() override;

@@ -16,8 +16,7 @@ namespace {
 class ShardCall : public std::enable_shared_from_this<ShardCall> {
  public:
   ShardCall(ShardGroup* shard, std::shared_ptr<const v1::SearchRequest> request,
-            absl::Time deadline, Scheduler* scheduler, const HedgeOptions* hedge,
-            ShardDone done)
+            absl::Time deadline, Scheduler* scheduler, const HedgeOptions* hedge, ShardDone done)
       : shard_(shard),
         request_(std::move(request)),
         deadline_(deadline),
@@ -31,6 +30,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
     cancel->OnCancel([weak] {
       if (auto self = weak.lock()) self->CancelAll();
     });
+    shard_->CountRequest();
     Launch(shard_->Pick({}), /*hedge=*/false);
     if (hedge_->enabled && shard_->replicas().size() > 1) {
       scheduler_->Schedule(absl::Now() + hedge_->DelayFor(shard_->latency()), [weak] {
@@ -65,11 +65,10 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       tried_.push_back(replica);
     }
     replica->CallStarted();
-    replica->stub()->async()->Search(
-        &attempt->context, request_.get(), &attempt->response,
-        [self = shared_from_this(), attempt](grpc::Status status) {
-          self->OnAttemptDone(attempt, std::move(status));
-        });
+    replica->stub()->async()->Search(&attempt->context, request_.get(), &attempt->response,
+                                     [self = shared_from_this(), attempt](grpc::Status status) {
+                                       self->OnAttemptDone(attempt, std::move(status));
+                                     });
   }
 
   void Hedge() {
@@ -79,7 +78,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       if (finished_ || InFlight() != 1) return;
       replica = shard_->Pick(tried_);
     }
-    if (replica == nullptr) return;
+    if (replica == nullptr || !shard_->TakeHedge(hedge_->max_ratio)) return;
     shard_->metrics().hedges_sent->Increment();
     Launch(replica, /*hedge=*/true);
   }
@@ -112,8 +111,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       attempt->in_flight = false;
       // A loser we cancelled took at least this long: its latency average must see that, or a
       // replica that never answers in time would stay the first choice.
-      attempt->replica->CallFinished(now - attempt->start,
-                                     status.ok() || attempt->cancelled_by_us);
+      attempt->replica->CallFinished(now - attempt->start, status.ok() || attempt->cancelled_by_us);
       if (finished_) return;  // a loser
       if (status.ok()) {
         result = std::move(attempt->response);
@@ -124,14 +122,14 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
         if (InFlight() > 0) return;  // another attempt may still answer
         failover = shard_->Pick(tried_);
         if (failover == nullptr) {
-          result = absl::UnavailableError(
-              absl::StrCat("no replica of shard ", shard_->shard_id(),
-                           " answered (last error: ", last_error_, ")"));
+          result =
+              absl::UnavailableError(absl::StrCat("no replica of shard ", shard_->shard_id(),
+                                                  " answered (last error: ", last_error_, ")"));
         }
       } else {
         const absl::Status error = FromGrpcStatus(status);
-        result = absl::Status(error.code(), absl::StrCat(attempt->replica->address(), ": ",
-                                                         error.message()));
+        result = absl::Status(error.code(),
+                              absl::StrCat(attempt->replica->address(), ": ", error.message()));
       }
       if (failover == nullptr) finished_ = true;
     }

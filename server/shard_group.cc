@@ -57,10 +57,9 @@ void Replica::CallFinished(absl::Duration latency, bool record_latency) {
   const int64_t sample = absl::ToInt64Nanoseconds(latency);
   const int64_t old = ewma_nanos_.load(std::memory_order_relaxed);
   // A lost update under contention only drops one sample from the average.
-  ewma_nanos_.store(old == 0 ? sample
-                             : static_cast<int64_t>(kEwmaWeight * sample +
-                                                    (1 - kEwmaWeight) * old),
-                    std::memory_order_relaxed);
+  ewma_nanos_.store(
+      old == 0 ? sample : static_cast<int64_t>(kEwmaWeight * sample + (1 - kEwmaWeight) * old),
+      std::memory_order_relaxed);
 }
 
 ShardGroup::ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> replicas,
@@ -82,6 +81,17 @@ Replica* ShardGroup::Pick(const std::vector<Replica*>& exclude) {
     if (best == nullptr || key(candidate) < key(best)) best = candidate;
   }
   return best;
+}
+
+bool ShardGroup::TakeHedge(double max_ratio) {
+  const double budget = max_ratio * requests_.load(std::memory_order_relaxed) + 1;
+  int64_t hedges = hedges_.load(std::memory_order_relaxed);
+  while (hedges + 1 <= budget) {
+    if (hedges_.compare_exchange_weak(hedges, hedges + 1, std::memory_order_relaxed)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::optional<v1::InfoResponse> ShardGroup::info() const {

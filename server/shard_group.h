@@ -73,6 +73,11 @@ class ShardGroup {
   // flight, then lowest latency average, then round robin. nullptr when all are excluded.
   Replica* Pick(const std::vector<Replica*>& exclude);
 
+  // Counts a request to this shard (for the hedge budget).
+  void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
+  // Takes one hedge from the budget (hedges <= max_ratio * requests + 1); false when spent.
+  bool TakeHedge(double max_ratio);
+
   // The Info a replica answered, once one has.
   std::optional<v1::InfoResponse> info() const;
   void set_info(v1::InfoResponse info);
@@ -83,6 +88,8 @@ class ShardGroup {
   const ShardMetrics metrics_;
   LatencyWindow latency_;
   std::atomic<uint32_t> rotation_{0};
+  std::atomic<int64_t> requests_{0};
+  std::atomic<int64_t> hedges_{0};
   mutable absl::Mutex mu_;
   std::optional<v1::InfoResponse> info_ ABSL_GUARDED_BY(mu_);
 };

@@ -40,12 +40,12 @@ Batcher::Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegi
       engine_seconds_(metrics->GetHistogram("knnserve_engine_seconds",
                                             "Time spent in one engine call", {},
                                             Histogram::LatencyBounds())),
-      dropped_cancelled_(metrics->GetCounter(
-          "knnserve_dropped_total", "Queued requests dropped before searching, by reason",
-          {{"reason", "cancelled"}})),
-      dropped_deadline_(metrics->GetCounter(
-          "knnserve_dropped_total", "Queued requests dropped before searching, by reason",
-          {{"reason", "deadline"}})) {
+      dropped_cancelled_(metrics->GetCounter("knnserve_dropped_total",
+                                             "Queued requests dropped before searching, by reason",
+                                             {{"reason", "cancelled"}})),
+      dropped_deadline_(metrics->GetCounter("knnserve_dropped_total",
+                                            "Queued requests dropped before searching, by reason",
+                                            {{"reason", "deadline"}})) {
   for (int i = 0; i < std::max(1, options_.num_threads); ++i) {
     workers_.emplace_back([this] { Work(); });
   }
@@ -78,7 +78,10 @@ int64_t Batcher::CompatibleRows() const {
 bool Batcher::HasWork() const { return stop_ || (!queue_.empty() && !collecting_); }
 
 bool Batcher::BatchReady() const {
-  if (stop_ || absl::Now() >= collect_deadline_ || queue_.front().call.query.is_subset()) return true;
+  // Waiting for company only pays under load: a request on an idle shard runs at once.
+  if (stop_ || busy_ == 0 || absl::Now() >= collect_deadline_ ||
+      queue_.front().call.query.is_subset())
+    return true;
   return CompatibleRows() >= options_.max_batch_rows;
 }
 
@@ -116,8 +119,11 @@ void Batcher::Work() {
       mu_.AwaitWithDeadline(absl::Condition(this, &Batcher::BatchReady), collect_deadline_);
       batch = TakeBatch();
       collecting_ = false;
+      ++busy_;
     }
     Run(std::move(batch));
+    absl::MutexLock lock(&mu_);
+    --busy_;
   }
 }
 
@@ -170,8 +176,8 @@ void Batcher::RunCoalesced(std::vector<Pending> batch) const {
   for (Pending& pending : batch) {
     const int64_t part_rows = pending.call.query.queries.rows();
     if (result.ok()) {
-      pending.done(EngineResult{SliceRows(result->neighbors, row, part_rows),
-                                result->vectors_searched});
+      pending.done(
+          EngineResult{SliceRows(result->neighbors, row, part_rows), result->vectors_searched});
     } else {
       pending.done(result.status());
     }

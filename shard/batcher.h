@@ -1,8 +1,9 @@
 // Dynamic batching: concurrent full searches with the same parameters are coalesced into one
-// engine call, because faiss's throughput grows with the batch size. The first request of a
-// batch waits at most `max_wait` for company (less when the batch fills up); under load, work
-// queued while the workers were busy is batched without waiting. Subset searches run alone
-// (their rows already share one pass over the codes per group).
+// engine call, because faiss's throughput grows with the batch size. While another batch is
+// running, the first request of the next batch waits at most `max_wait` for company (less when
+// the batch fills up); a request on an idle shard runs at once, and work queued while the
+// workers were busy is batched without waiting. Subset searches run alone (their rows already
+// share one pass over the codes per group).
 #ifndef KNNSERVE_SHARD_BATCHER_H_
 #define KNNSERVE_SHARD_BATCHER_H_
 
@@ -69,6 +70,7 @@ class Batcher {
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool collecting_ ABSL_GUARDED_BY(mu_) = false;  // one worker at a time forms a batch
   absl::Time collect_deadline_ ABSL_GUARDED_BY(mu_);
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // workers running a batch
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

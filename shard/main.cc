@@ -76,8 +76,7 @@ int Run(const ShardFlags& flags) {
     engine_options.threads = flags.threads;
     absl::StatusOr<std::unique_ptr<SearchEngine>> engine =
         CreateEngine(flags.index_dir, flags.shard_id, engine_options);
-    absl::Status status =
-        engine.ok() ? backend.SetEngine(*std::move(engine)) : engine.status();
+    absl::Status status = engine.ok() ? backend.SetEngine(*std::move(engine)) : engine.status();
     if (!status.ok()) {
       Log(LogLevel::kError, "cannot load the shard", {{"error", status.ToString()}});
       load_failed = true;
@@ -106,13 +105,10 @@ int main(int argc, char** argv) {
   knnserve::ShardFlags flags;
   CLI::App app{"knnserve-shard: serve one shard of a knnserve index over gRPC"};
   flags.server.Register(app, "127.0.0.1:7000");
-  app.add_option("--index", flags.index_dir, "index directory (with manifest.json)")
-      ->required();
+  app.add_option("--index", flags.index_dir, "index directory (with manifest.json)")->required();
   app.add_option("--shard", flags.shard_id, "shard id to serve")->required();
-  app.add_option("--threads", flags.threads, "OpenMP threads per search")
-      ->capture_default_str();
-  app.add_option("--batch-threads", flags.batcher.num_threads,
-                 "engine calls that may run at once")
+  app.add_option("--threads", flags.threads, "OpenMP threads per search")->capture_default_str();
+  app.add_option("--batch-threads", flags.batcher.num_threads, "engine calls that may run at once")
       ->capture_default_str();
   app.add_option("--batch-wait-us", flags.batch_wait_us,
                  "longest a request waits to be batched with others (0: only what queued)")

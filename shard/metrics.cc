@@ -36,9 +36,7 @@ std::string Braced(const std::string& labels) {
   return labels.empty() ? "" : absl::StrCat("{", labels, "}");
 }
 
-std::string FormatBound(double bound) {
-  return std::isinf(bound) ? "+Inf" : absl::StrCat(bound);
-}
+std::string FormatBound(double bound) { return std::isinf(bound) ? "+Inf" : absl::StrCat(bound); }
 
 }  // namespace
 
@@ -49,12 +47,10 @@ Histogram::Histogram(std::vector<double> bounds)
 }
 
 void Histogram::Observe(double value) {
-  const size_t bucket =
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
   count_.fetch_add(1, std::memory_order_relaxed);
-  sum_nanos_.fetch_add(static_cast<int64_t>(std::llround(value * 1e9)),
-                       std::memory_order_relaxed);
+  sum_nanos_.fetch_add(static_cast<int64_t>(std::llround(value * 1e9)), std::memory_order_relaxed);
 }
 
 std::vector<int64_t> Histogram::bucket_counts() const {
@@ -106,8 +102,7 @@ Gauge* MetricsRegistry::GetGauge(const std::string& name, const std::string& hel
 }
 
 Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::string& help,
-                                         const MetricLabels& labels,
-                                         std::vector<double> bounds) {
+                                         const MetricLabels& labels, std::vector<double> bounds) {
   absl::MutexLock lock(&mu_);
   auto& slot = GetFamily(name, help, Type::kHistogram).histograms[RenderLabels(labels)];
   if (slot == nullptr) slot = std::make_unique<Histogram>(std::move(bounds));
@@ -134,8 +129,8 @@ std::string MetricsRegistry::RenderText() const {
       for (size_t i = 0; i < counts.size(); ++i) {
         cumulative += counts[i];
         const double bound = i < histogram->bounds().size() ? histogram->bounds()[i] : INFINITY;
-        absl::StrAppend(&out, name, "_bucket{", labels, sep, "le=\"", FormatBound(bound),
-                        "\"} ", cumulative, "\n");
+        absl::StrAppend(&out, name, "_bucket{", labels, sep, "le=\"", FormatBound(bound), "\"} ",
+                        cumulative, "\n");
       }
       absl::StrAppend(&out, name, "_sum", Braced(labels), " ", histogram->sum(), "\n", name,
                       "_count", Braced(labels), " ", histogram->count(), "\n");

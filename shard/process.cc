@@ -51,8 +51,7 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
   app.add_option("--drain-seconds", drain_seconds,
                  "on SIGTERM, how long calls in flight may take to finish")
       ->capture_default_str();
-  app.add_option("--max-k", limits.max_k, "largest k a request may ask for")
-      ->capture_default_str();
+  app.add_option("--max-k", limits.max_k, "largest k a request may ask for")->capture_default_str();
   app.add_option("--max-rows", limits.max_rows, "most query rows per request")
       ->capture_default_str();
   app.add_option("--max-subset-sentences", limits.max_subset_sentences,
@@ -62,9 +61,9 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
 
 void ServerFlags::InitLogging(const std::string& component) const {
   static const std::map<std::string, LogLevel> kLevels = {{"debug", LogLevel::kDebug},
-                                                         {"info", LogLevel::kInfo},
-                                                         {"warning", LogLevel::kWarning},
-                                                         {"error", LogLevel::kError}};
+                                                          {"info", LogLevel::kInfo},
+                                                          {"warning", LogLevel::kWarning},
+                                                          {"error", LogLevel::kError}};
   InitLog(component, kLevels.at(log_level));
 }
 

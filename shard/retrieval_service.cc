@@ -159,8 +159,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
  private:
   absl::Status Setup(const v1::SessionSetup& setup) {
     if (setup_seen_ || steps_started_) {
-      return absl::InvalidArgumentError(
-          "setup: at most one setup message, before the first step");
+      return absl::InvalidArgumentError("setup: at most one setup message, before the first step");
     }
     setup_seen_ = true;
     ASSIGN_OR_RETURN(IndexShape shape, service_->backend_->Shape());

@@ -24,8 +24,7 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsFiles& tls);
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsFiles& tls);
 

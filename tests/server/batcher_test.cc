@@ -91,8 +91,7 @@ TEST_F(BatcherTest, CoalescesQueuedRequestsWithEqualParamsIntoOneEngineCall) {
 TEST_F(BatcherTest, KeepsDifferentParamsAndSubsetSearchesApart) {
   auto first = OccupyWorker();
   SearchCall subset = Call(2, 4, 3);
-  subset.query.subset_groups =
-      std::make_shared<const SubsetGroups>(SubsetGroups{{1, 2}, {5}});
+  subset.query.subset_groups = std::make_shared<const SubsetGroups>(SubsetGroups{{1, 2}, {5}});
   subset.query.row_group = {0, 1};
   std::vector<std::shared_ptr<Outcome>> outcomes = {Submit(Call(1, 4, 1)), Submit(Call(1, 5, 2)),
                                                     Submit(std::move(subset))};

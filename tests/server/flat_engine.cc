@@ -95,8 +95,8 @@ absl::StatusOr<EngineResult> FlatEngine::Search(const SearchQuery& query) const 
     result.vectors_searched = info_.id_end - info_.id_begin;
   }
   for (int64_t r = 0; r < query.queries.rows(); ++r) {
-    SearchRow(query.queries.row(r), query.is_subset() ? group_ranges[query.row_group[r]] : all,
-              k, &result.neighbors, r);
+    SearchRow(query.queries.row(r), query.is_subset() ? group_ranges[query.row_group[r]] : all, k,
+              &result.neighbors, r);
   }
   return result;
 }

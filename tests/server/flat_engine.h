@@ -31,16 +31,15 @@ std::shared_ptr<const Datastore> MakeDatastore(int64_t num_sentences, int dim, i
 class FlatEngine : public SearchEngine {
  public:
   // Serves sentences [sentence_begin, sentence_end) of `data` and their tokens.
-  FlatEngine(std::shared_ptr<const Datastore> data, int64_t sentence_begin,
-             int64_t sentence_end);
+  FlatEngine(std::shared_ptr<const Datastore> data, int64_t sentence_begin, int64_t sentence_end);
 
   const EngineInfo& info() const override { return info_; }
   absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override;
 
  private:
   // The k best of tokens [begin, end) for one query row, appended in rank order.
-  void SearchRow(const float* query, const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                 int k, Neighbors* out, int64_t row) const;
+  void SearchRow(const float* query, const std::vector<std::pair<int64_t, int64_t>>& ranges, int k,
+                 Neighbors* out, int64_t row) const;
 
   const std::shared_ptr<const Datastore> data_;
   EngineInfo info_;

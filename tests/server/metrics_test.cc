@@ -26,7 +26,8 @@ TEST(MetricsTest, RendersPrometheusText) {
   h->Observe(5);
   EXPECT_EQ(registry.GetCounter("knnserve_x_total", "X things", {{"shard", "1"}})->value(), 3);
   const std::string text = registry.RenderText();
-  EXPECT_THAT(text, HasSubstr("# TYPE knnserve_x_total counter\nknnserve_x_total{shard=\"1\"} 3\n"));
+  EXPECT_THAT(text,
+              HasSubstr("# TYPE knnserve_x_total counter\nknnserve_x_total{shard=\"1\"} 3\n"));
   EXPECT_THAT(text, HasSubstr("knnserve_y -2\n"));
   EXPECT_THAT(text, HasSubstr("knnserve_z_seconds_bucket{m=\"a\\\"b\",le=\"0.1\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("knnserve_z_seconds_bucket{m=\"a\\\"b\",le=\"1\"} 2\n"));

@@ -217,8 +217,7 @@ TEST_P(RouterProcessTest, RouterEqualsInProcessSearchOfTheUnshardedIndex) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Factories, RouterProcessTest,
-                         ::testing::Values("Flat", "IVF32,PQ8"));
+INSTANTIATE_TEST_SUITE_P(Factories, RouterProcessTest, ::testing::Values("Flat", "IVF32,PQ8"));
 
 TEST(ProcessTest, SubsetSearchThroughTheRouterEqualsTheLocalEngine) {
   const std::string dir = BuildIndexDir("subset", "IVF32,PQ8", kShards);
@@ -278,9 +277,10 @@ TEST(ProcessTest, LocalUpAndDownScripts) {
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.coverage().shards_answered(), 2);
   EXPECT_THAT(ReadFile(run_dir + "/shards.txt"), ::testing::HasSubstr("1 127.0.0.1:"));
-  EXPECT_EQ(std::system(absl::StrCat("timeout 90 deploy/local/down.sh -d ", run_dir,
-                                     " > /dev/null").c_str()),
-            0);
+  EXPECT_EQ(
+      std::system(
+          absl::StrCat("timeout 90 deploy/local/down.sh -d ", run_dir, " > /dev/null").c_str()),
+      0);
 }
 
 }  // namespace

@@ -37,10 +37,10 @@ TEST(PythonClientTest, GrpcioQueriesTheRouter) {
   ASSERT_OK_AND_ASSIGN(EngineResult expected, all.Search(query));
   nlohmann::json spec = {{"dim", kDim}, {"k", k}, {"total_vectors", data->keys.rows()}};
   for (int64_t r = 0; r < query.queries.rows(); ++r) {
-    spec["queries"].push_back(std::vector<float>(query.queries.row(r),
-                                                 query.queries.row(r) + kDim));
-    spec["ids"].push_back(std::vector<int64_t>(expected.neighbors.id_row(r),
-                                               expected.neighbors.id_row(r) + k));
+    spec["queries"].push_back(
+        std::vector<float>(query.queries.row(r), query.queries.row(r) + kDim));
+    spec["ids"].push_back(
+        std::vector<int64_t>(expected.neighbors.id_row(r), expected.neighbors.id_row(r) + k));
     spec["distances"].push_back(std::vector<float>(expected.neighbors.distance_row(r),
                                                    expected.neighbors.distance_row(r) + k));
   }
@@ -49,8 +49,8 @@ TEST(PythonClientTest, GrpcioQueriesTheRouter) {
   ASSERT_GE(fd, 0);
   close(fd);
   std::ofstream(path) << spec.dump();
-  const std::string command = absl::StrCat("timeout 60 /usr/bin/python3 tests/server/python_client.py ",
-                                           router.address(), " ", path);
+  const std::string command = absl::StrCat(
+      "timeout 60 /usr/bin/python3 tests/server/python_client.py ", router.address(), " ", path);
   const int status = std::system(command.c_str());
   std::remove(path);
   EXPECT_EQ(status, 0) << command;

@@ -213,8 +213,9 @@ TEST(RouterTest, DeadlineCancelsTheShardCall) {
   const int calls = engine->calls();
 
   v1::SearchResponse response;
-  const grpc::Status status = CallSearch(router_stub.get(), MakeRequest(RandomQueries(1, kDim, 2), 3),
-                                         &response, absl::Milliseconds(300));
+  const grpc::Status status =
+      CallSearch(router_stub.get(), MakeRequest(RandomQueries(1, kDim, 2), 3), &response,
+                 absl::Milliseconds(300));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // The shard's copy of the deadline can be a few ms later than the caller's (grpc-timeout
   // rounds up): give it time to pass before freeing the engine. Then the queued call must be
@@ -232,9 +233,9 @@ TEST(RouterTest, DeadlineCancelsTheShardCall) {
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_THAT(metrics, ::testing::AnyOf(
-                           HasSubstr("knnserve_dropped_total{reason=\"cancelled\"} 1"),
-                           HasSubstr("knnserve_dropped_total{reason=\"deadline\"} 1")));
+  EXPECT_THAT(metrics,
+              ::testing::AnyOf(HasSubstr("knnserve_dropped_total{reason=\"cancelled\"} 1"),
+                               HasSubstr("knnserve_dropped_total{reason=\"deadline\"} 1")));
   EXPECT_EQ(engine->calls(), calls);
 }
 
@@ -260,8 +261,8 @@ TEST(RouterTest, InfoAggregatesTheShards) {
     EXPECT_EQ(info.shards(s).shard_id(), s);
     EXPECT_EQ(info.shards(s).id_begin(), engine.id_begin);
     EXPECT_EQ(info.shards(s).id_end(), engine.id_end);
-    EXPECT_THAT(info.shards(s).replicas(),
-                ::testing::ElementsAre(cluster.shard(s, 0).address(), cluster.shard(s, 1).address()));
+    EXPECT_THAT(info.shards(s).replicas(), ::testing::ElementsAre(cluster.shard(s, 0).address(),
+                                                                  cluster.shard(s, 1).address()));
   }
   EXPECT_EQ(CheckHealth(router.address()).value_or(-1), 1);
 }

@@ -24,8 +24,9 @@ TEST(ShardMapTest, ParsesShardsReplicasAndComments) {
 }
 
 TEST(ShardMapTest, RejectsBadLinesWithTheirNumber) {
-  EXPECT_THAT(ParseShardMap("0 a:1\n0 b:2\n", "m"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("m:2: shard 0 is listed twice")));
+  EXPECT_THAT(
+      ParseShardMap("0 a:1\n0 b:2\n", "m"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("m:2: shard 0 is listed twice")));
   EXPECT_THAT(ParseShardMap("x a:1\n", "m"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a shard id")));
   EXPECT_THAT(ParseShardMap("3\n", "m"),

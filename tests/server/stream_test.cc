@@ -26,8 +26,8 @@ class Session {
   void Setup(const SubsetGroups& groups, int default_k) {
     v1::StreamRequest request;
     for (const auto& group : groups) {
-      request.mutable_setup()->add_subset_groups()->mutable_sentence_ids()->Assign(
-          group.begin(), group.end());
+      request.mutable_setup()->add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(),
+                                                                                   group.end());
     }
     request.mutable_setup()->mutable_default_params()->set_k(default_k);
     ASSERT_TRUE(stream_->Write(request));

@@ -9,8 +9,8 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/wire.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 
 namespace knnserve::testing {
@@ -61,8 +61,9 @@ bool ControlledEngine::WaitForCallsAtGate(int n, absl::Duration timeout) const {
     const int* at_gate;
     int n;
   } arg{&at_gate_, n};
-  return mu_.AwaitWithTimeout(
-      absl::Condition(+[](Arg* a) { return *a->at_gate >= a->n; }, &arg), timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](Arg* a) { return *a->at_gate >= a->n; }, &arg),
+                              timeout);
 }
 
 TestShard::TestShard(int32_t shard_id, std::unique_ptr<SearchEngine> engine,
@@ -74,8 +75,7 @@ TestShard::TestShard(int32_t shard_id, std::unique_ptr<SearchEngine> engine,
   RpcServerOptions server_options;
   server_options.tls = options.tls;
   server_options.max_message_bytes = TestLimits().MaxMessageBytes(engine_->info().dim);
-  absl::StatusOr<std::unique_ptr<RpcServer>> server =
-      RpcServer::Start(server_options, &service_);
+  absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(server_options, &service_);
   KNNSERVE_CHECK(server.ok(), std::string(server.status().message()).c_str());
   server_ = *std::move(server);
   if (options.load) Load();
@@ -135,10 +135,10 @@ std::unique_ptr<v1::Retrieval::Stub> Connect(const std::string& address, const T
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(tls);
   KNNSERVE_CHECK(credentials.ok(), "channel credentials");
-  return v1::Retrieval::NewStub(grpc::CreateCustomChannel(
-      address, *credentials,
-      MakeChannelArguments(RequestLimits().MaxMessageBytes(4096),
-                           tls.enabled() ? "localhost" : "")));
+  return v1::Retrieval::NewStub(
+      grpc::CreateCustomChannel(address, *credentials,
+                                MakeChannelArguments(RequestLimits().MaxMessageBytes(4096),
+                                                     tls.enabled() ? "localhost" : "")));
 }
 
 Matrix<float> RandomQueries(int64_t rows, int dim, uint32_t seed) {
@@ -178,8 +178,8 @@ absl::StatusOr<int> CheckHealth(const std::string& address, const std::string& s
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   absl::Notification done;
   grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&](grpc::Status s) {
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
                    status = std::move(s);
                    done.Notify();
                  });
@@ -188,8 +188,8 @@ absl::StatusOr<int> CheckHealth(const std::string& address, const std::string& s
   std::vector<grpc::Slice> slices;
   (void)response.Dump(&slices);
   std::string reply;
-  for (const grpc::Slice& s : slices) reply.append(reinterpret_cast<const char*>(s.begin()),
-                                                   s.size());
+  for (const grpc::Slice& s : slices)
+    reply.append(reinterpret_cast<const char*>(s.begin()), s.size());
   // HealthCheckResponse{status = 1 (varint)}; an empty message means UNKNOWN (0).
   return reply.size() == 2 && reply[0] == 0x08 ? static_cast<int>(reply[1]) : 0;
 }
@@ -206,10 +206,8 @@ void ExpectMalformedRequestsRejected(v1::Retrieval::Stub* stub, int dim) {
       {"wrong dims", [&](auto* r) { *r = MakeRequest(RandomQueries(2, dim + 1, 1), 4); },
        "columns"},
       {"no queries", [](auto* r) { r->clear_queries(); }, "queries: missing"},
-      {"dtype", [](auto* r) { r->mutable_queries()->set_dtype(v1::DTYPE_UNSPECIFIED); },
-       "dtype"},
-      {"byte length", [](auto* r) { r->mutable_queries()->mutable_data()->pop_back(); },
-       "bytes"},
+      {"dtype", [](auto* r) { r->mutable_queries()->set_dtype(v1::DTYPE_UNSPECIFIED); }, "dtype"},
+      {"byte length", [](auto* r) { r->mutable_queries()->mutable_data()->pop_back(); }, "bytes"},
       {"k = 0", [](auto* r) { r->mutable_params()->set_k(0); }, "params.k = 0"},
       {"k too large", [](auto* r) { r->mutable_params()->set_k(100000); }, "params.k = 100000"},
       {"NaN",

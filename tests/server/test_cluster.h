@@ -52,8 +52,7 @@ struct TestShardOptions {
 // A shard server on 127.0.0.1. Thread-safe.
 class TestShard {
  public:
-  TestShard(int32_t shard_id, std::unique_ptr<SearchEngine> engine,
-            TestShardOptions options = {});
+  TestShard(int32_t shard_id, std::unique_ptr<SearchEngine> engine, TestShardOptions options = {});
   ~TestShard();
 
   std::string address() const { return server_->address(); }
@@ -98,14 +97,12 @@ RequestLimits TestLimits();
 // Router options for tests: TestLimits, quick probes, hedging off unless a test turns it on.
 RouterOptions FastRouterOptions();
 
-std::unique_ptr<v1::Retrieval::Stub> Connect(const std::string& address,
-                                             const TlsFiles& tls = {});
+std::unique_ptr<v1::Retrieval::Stub> Connect(const std::string& address, const TlsFiles& tls = {});
 Matrix<float> RandomQueries(int64_t rows, int dim, uint32_t seed);
 v1::SearchRequest MakeRequest(const Matrix<float>& queries, int k);
 // A unary Search with a 10 s deadline (or `timeout`).
 grpc::Status CallSearch(v1::Retrieval::Stub* stub, const v1::SearchRequest& request,
-                        v1::SearchResponse* response,
-                        absl::Duration timeout = absl::Seconds(10));
+                        v1::SearchResponse* response, absl::Duration timeout = absl::Seconds(10));
 // grpc.health.v1.Health/Check through a generic stub (the health proto ships without C++
 // stubs): SERVING = 1, NOT_SERVING = 2.
 absl::StatusOr<int> CheckHealth(const std::string& address, const std::string& service = "");

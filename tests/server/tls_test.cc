@@ -20,14 +20,14 @@ class TlsTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-    const std::string script = absl::StrCat(
-        "set -e; cd ", dir_, "; exec >/dev/null 2>&1;",
-        "openssl req -x509 ", key, " -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca;",
-        "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.cnf;",
-        "for name in server client; do ",
-        "openssl req ", key, " -keyout $name.key -out $name.csr -subj /CN=localhost;",
-        "openssl x509 -req -in $name.csr -CA ca.pem -CAkey ca.key -CAcreateserial ",
-        "-out $name.pem -days 1 -extfile san.cnf; done");
+    const std::string script =
+        absl::StrCat("set -e; cd ", dir_, "; exec >/dev/null 2>&1;", "openssl req -x509 ", key,
+                     " -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca;",
+                     "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.cnf;",
+                     "for name in server client; do ", "openssl req ", key,
+                     " -keyout $name.key -out $name.csr -subj /CN=localhost;",
+                     "openssl x509 -req -in $name.csr -CA ca.pem -CAkey ca.key -CAcreateserial ",
+                     "-out $name.pem -days 1 -extfile san.cnf; done");
     std::ofstream(absl::StrCat(dir_, "/make_certs.sh")) << script;
     ASSERT_EQ(std::system(absl::StrCat("bash ", dir_, "/make_certs.sh").c_str()), 0);
   }

@@ -1,0 +1,339 @@
+// Service benchmarks (issue 4): the router and shard servers over loopback gRPC against
+// in-process search of the same index. Prints a Markdown table; never asserts on speed.
+//
+//   service_bench [--vectors N] [--dim D] [--factory STR] [--nprobe P] [--batch B] [--k K]
+//                 [--seconds S] [--work-dir DIR]
+//
+// a) router + 1 shard vs in-process search of the same index (throughput, p50 overhead);
+// b) 4 shards behind the router vs one in-process index of the same total size;
+// c) per-step latency at a steady request rate over 4 shards x 2 replicas, then with one
+//    replica of shard 0 delayed by 50 ms, with hedging on and off.
+// Servers run in this process (their own gRPC threads, loopback TCP); indexes are built once
+// into --work-dir from seeded random keys and reused by later runs.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/datastore/key_source.h"
+#include "common/index/builder.h"
+#include "common/index/index_engine.h"
+#include "common/wire.h"
+#include "shard/log.h"
+#include "tests/server/test_cluster.h"
+
+namespace knnserve {
+namespace {
+
+using testing::ControlledEngine;
+using testing::TestRouter;
+using testing::TestShard;
+
+struct Flags {
+  int64_t vectors = 200000;
+  int dim = 512;
+  std::string factory = "IVF1024,PQ64";
+  int nprobe = 32;
+  int batch = 64;
+  int k = 64;
+  double seconds = 5;
+  int64_t train_size = 65536;
+  std::string work_dir = "/tmp/knnserve-bench";
+};
+
+// Seeded normal keys generated on the fly (a 1M x 512 matrix would need 2 GB).
+class RandomKeySource : public KeySource {
+ public:
+  RandomKeySource(int64_t rows, int dim) : rows_(rows), dim_(dim) {}
+  int64_t rows() const override { return rows_; }
+  int dim() const override { return dim_; }
+  absl::Status Read(int64_t begin, int64_t end, float* out) const override {
+    for (int64_t r = begin; r < end; ++r) {
+      std::mt19937 rng(static_cast<uint32_t>(r * 2654435761u));
+      std::normal_distribution<float> normal;
+      for (int d = 0; d < dim_; ++d) *out++ = normal(rng);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t rows_;
+  const int dim_;
+};
+
+std::string IndexDir(const Flags& flags, int shards) {
+  const std::string dir = absl::StrCat(flags.work_dir, "/", flags.vectors, "x", flags.dim, "_",
+                                       flags.factory, "_s", shards);
+  if (std::filesystem::exists(dir + "/manifest.json")) return dir;
+  std::fprintf(stderr, "building %s ...\n", dir.c_str());
+  IndexBuildOptions options;
+  options.factory = flags.factory;
+  options.shards = shards;
+  options.threads = 2;
+  options.train_size = flags.train_size;
+  RandomKeySource keys(flags.vectors, flags.dim);
+  absl::StatusOr<IndexManifest> manifest = BuildIndex(keys, nullptr, options, dir);
+  KNNSERVE_CHECK(manifest.ok(), std::string(manifest.status().message()).c_str());
+  return dir;
+}
+
+std::unique_ptr<SearchEngine> Engine(const std::string& dir, int shard) {
+  absl::StatusOr<std::unique_ptr<SearchEngine>> engine = CreateEngine(dir, shard, {.threads = 1});
+  KNNSERVE_CHECK(engine.ok(), std::string(engine.status().message()).c_str());
+  return *std::move(engine);
+}
+
+struct Stats {
+  double rows_per_second = 0;
+  std::vector<absl::Duration> latencies;  // sorted
+
+  absl::Duration Quantile(double q) const {
+    if (latencies.empty()) return absl::ZeroDuration();
+    return latencies[std::min(latencies.size() - 1, static_cast<size_t>(q * latencies.size()))];
+  }
+};
+
+// Closed loop: `clients` threads each call `search` back to back for `seconds`.
+Stats ClosedLoop(int clients, double seconds, int batch,
+                 const std::function<void(int client)>& search) {
+  absl::Mutex mu;
+  std::vector<absl::Duration> latencies;
+  const absl::Time start = absl::Now();
+  const absl::Time end = start + absl::Seconds(seconds);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::vector<absl::Duration> mine;
+      while (absl::Now() < end) {
+        const absl::Time t = absl::Now();
+        search(c);
+        mine.push_back(absl::Now() - t);
+      }
+      absl::MutexLock lock(&mu);
+      latencies.insert(latencies.end(), mine.begin(), mine.end());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Stats stats;
+  stats.rows_per_second =
+      latencies.size() * static_cast<double>(batch) / absl::ToDoubleSeconds(absl::Now() - start);
+  std::sort(latencies.begin(), latencies.end());
+  stats.latencies = std::move(latencies);
+  return stats;
+}
+
+SearchQuery Query(const Flags& flags, uint32_t seed) {
+  SearchQuery query;
+  query.queries = testing::RandomQueries(flags.batch, flags.dim, seed);
+  query.params.k = flags.k;
+  query.params.nprobe = flags.nprobe;
+  return query;
+}
+
+v1::SearchRequest Request(const Flags& flags, uint32_t seed) {
+  v1::SearchRequest request = testing::MakeRequest(Query(flags, seed).queries, flags.k);
+  request.mutable_params()->set_nprobe(flags.nprobe);
+  return request;
+}
+
+Stats InProcess(const Flags& flags, const SearchEngine& engine, int clients) {
+  std::vector<SearchQuery> queries;
+  for (int c = 0; c < clients; ++c) queries.push_back(Query(flags, c));
+  return ClosedLoop(clients, flags.seconds, flags.batch, [&](int c) {
+    KNNSERVE_CHECK(engine.Search(queries[c]).ok(), "in-process search");
+  });
+}
+
+Stats ThroughRouter(const Flags& flags, const std::string& address, int clients) {
+  std::vector<v1::SearchRequest> requests;
+  std::vector<std::unique_ptr<v1::Retrieval::Stub>> stubs;
+  for (int c = 0; c < clients; ++c) {
+    requests.push_back(Request(flags, c));
+    stubs.push_back(testing::Connect(address));
+  }
+  return ClosedLoop(clients, flags.seconds, flags.batch, [&](int c) {
+    v1::SearchResponse response;
+    const grpc::Status status = testing::CallSearch(stubs[c].get(), requests[c], &response);
+    KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
+  });
+}
+
+std::string Ms(absl::Duration d) { return absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(d)); }
+
+// The shards of `dir`, `replicas` each, and a router over them.
+struct Cluster {
+  Cluster(const std::string& dir, int shards, int replicas, RouterOptions options) {
+    ShardMap map;
+    for (int r = 0; r < replicas; ++r) {
+      for (int s = 0; s < shards; ++s) {
+        servers.push_back(std::make_unique<TestShard>(s, Engine(dir, s)));
+        map[s].push_back(servers.back()->address());
+      }
+    }
+    router = std::make_unique<TestRouter>(map, std::move(options));
+  }
+  std::vector<std::unique_ptr<TestShard>> servers;  // replica-major
+  std::unique_ptr<TestRouter> router;
+};
+
+RouterOptions Options(bool hedge) {
+  RouterOptions options = testing::FastRouterOptions();
+  options.probe_interval = absl::Seconds(1);
+  options.hedge.enabled = hedge;
+  return options;
+}
+
+void BenchA(const Flags& flags) {
+  const std::string dir = IndexDir(flags, 1);
+  std::unique_ptr<SearchEngine> engine = Engine(dir, 0);
+  Cluster cluster(dir, 1, 1, Options(false));
+  std::printf(
+      "\n### a) router + 1 shard over loopback vs in-process (%s, %lld x %d, batch %d, "
+      "k %d, nprobe %d)\n\n",
+      flags.factory.c_str(), static_cast<long long>(flags.vectors), flags.dim, flags.batch, flags.k,
+      flags.nprobe);
+  std::printf(
+      "| clients | in-process rows/s | router rows/s | ratio | in-process p50 ms | "
+      "router p50 ms | p50 overhead ms |\n|---|---|---|---|---|---|---|\n");
+  for (int clients : {1, 2}) {
+    const Stats local = InProcess(flags, *engine, clients);
+    const Stats remote = ThroughRouter(flags, cluster.router->address(), clients);
+    std::printf("| %d | %.0f | %.0f | %.3f | %s | %s | %s |\n", clients, local.rows_per_second,
+                remote.rows_per_second, remote.rows_per_second / local.rows_per_second,
+                Ms(local.Quantile(0.5)).c_str(), Ms(remote.Quantile(0.5)).c_str(),
+                Ms(remote.Quantile(0.5) - local.Quantile(0.5)).c_str());
+    std::fflush(stdout);
+  }
+}
+
+void BenchB(const Flags& flags) {
+  std::unique_ptr<SearchEngine> engine = Engine(IndexDir(flags, 1), 0);
+  Cluster cluster(IndexDir(flags, 4), 4, 1, Options(false));
+  std::printf(
+      "\n### b) 4 shards behind the router vs one in-process index of the same size\n\n"
+      "| clients | in-process rows/s | 4 shards rows/s | ratio |\n|---|---|---|---|\n");
+  for (int clients : {1, 2}) {
+    const Stats local = InProcess(flags, *engine, clients);
+    const Stats remote = ThroughRouter(flags, cluster.router->address(), clients);
+    std::printf("| %d | %.0f | %.0f | %.3f |\n", clients, local.rows_per_second,
+                remote.rows_per_second, remote.rows_per_second / local.rows_per_second);
+    std::fflush(stdout);
+  }
+}
+
+// Open loop: one request every 1/rate seconds for `seconds`, each answered asynchronously.
+Stats SteadyRate(const Flags& flags, const std::string& address, double rate) {
+  auto stub = testing::Connect(address);
+  const v1::SearchRequest request = Request(flags, 7);
+  absl::Mutex mu;
+  std::vector<absl::Duration> latencies;
+  int outstanding = 0;
+  const absl::Duration interval = absl::Seconds(1 / rate);
+  const int total = static_cast<int>(rate * flags.seconds);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < total; ++i) {
+    absl::SleepFor(start + i * interval - absl::Now());
+    auto context = std::make_shared<grpc::ClientContext>();
+    auto response = std::make_shared<v1::SearchResponse>();
+    const absl::Time sent = absl::Now();
+    {
+      absl::MutexLock lock(&mu);
+      ++outstanding;
+    }
+    stub->async()->Search(context.get(), &request, response.get(),
+                          [&, context, response, sent](grpc::Status status) {
+                            KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
+                            absl::MutexLock lock(&mu);
+                            latencies.push_back(absl::Now() - sent);
+                            --outstanding;
+                          });
+  }
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &outstanding));
+  Stats stats;
+  std::sort(latencies.begin(), latencies.end());
+  stats.latencies = std::move(latencies);
+  return stats;
+}
+
+int64_t SumCounter(MetricsRegistry& metrics, const std::string& name) {
+  int64_t sum = 0;
+  std::istringstream text(metrics.RenderText());
+  for (std::string line; std::getline(text, line);) {
+    if (line.rfind(name + "{", 0) == 0) sum += std::stoll(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+void BenchC(const Flags& flags) {
+  const std::string dir = IndexDir(flags, 4);
+  // The steady rate: a third of what one closed-loop client gets through the router.
+  Cluster probe(dir, 4, 1, Options(false));
+  const double capacity =
+      ThroughRouter(flags, probe.router->address(), 1).rows_per_second / flags.batch;
+  const double rate = std::max(1.0, capacity / 3);
+  std::printf(
+      "\n### c) per-step latency at %.1f requests/s (4 shards x 2 replicas, batch %d, "
+      "k %d)\n\n| scenario | p50 ms | p99 ms | p99.9 ms | p99/p50 | extra shard requests "
+      "|\n|---|---|---|---|---|---|\n",
+      rate, flags.batch, flags.k);
+  struct Scenario {
+    const char* name;
+    bool delayed;
+    bool hedge;
+  };
+  for (const Scenario& scenario :
+       {Scenario{"no delay, hedging on", false, true},
+        Scenario{"shard 0 replica 0 +50 ms, hedging on", true, true},
+        Scenario{"shard 0 replica 0 +50 ms, hedging off", true, false}}) {
+    Cluster cluster(dir, 4, 2, Options(scenario.hedge));
+    if (scenario.delayed) cluster.servers[0]->engine()->set_delay(absl::Milliseconds(50));
+    const Stats stats = SteadyRate(flags, cluster.router->address(), rate);
+    MetricsRegistry& metrics = cluster.router->metrics();
+    const int64_t shard_calls = SumCounter(metrics, "knnserve_shard_requests_total");
+    const int64_t extra = SumCounter(metrics, "knnserve_hedges_sent_total") +
+                          SumCounter(metrics, "knnserve_failovers_total");
+    std::printf("| %s | %s | %s | %s | %.2f | %.2f%% |\n", scenario.name,
+                Ms(stats.Quantile(0.5)).c_str(), Ms(stats.Quantile(0.99)).c_str(),
+                Ms(stats.Quantile(0.999)).c_str(),
+                absl::FDivDuration(stats.Quantile(0.99), stats.Quantile(0.5)),
+                100.0 * extra / std::max<int64_t>(1, shard_calls));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+}  // namespace knnserve
+
+int main(int argc, char** argv) {
+  knnserve::Flags flags;
+  std::string parts = "abc";
+  CLI::App app{"knnserve service benchmarks"};
+  app.add_option("--vectors", flags.vectors)->capture_default_str();
+  app.add_option("--dim", flags.dim)->capture_default_str();
+  app.add_option("--factory", flags.factory)->capture_default_str();
+  app.add_option("--nprobe", flags.nprobe)->capture_default_str();
+  app.add_option("--batch", flags.batch)->capture_default_str();
+  app.add_option("--k", flags.k)->capture_default_str();
+  app.add_option("--seconds", flags.seconds, "per measurement")->capture_default_str();
+  app.add_option("--train-size", flags.train_size)->capture_default_str();
+  app.add_option("--work-dir", flags.work_dir, "where built indexes are kept")
+      ->capture_default_str();
+  app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  knnserve::InitLog("bench", knnserve::LogLevel::kWarning);
+  if (parts.find('a') != std::string::npos) knnserve::BenchA(flags);
+  if (parts.find('b') != std::string::npos) knnserve::BenchB(flags);
+  if (parts.find('c') != std::string::npos) knnserve::BenchC(flags);
+  return 0;
+}
