@@ -333,6 +333,10 @@ void Router::Search(SearchCall call, SearchDone done) {
     return;
   }
   const std::vector<size_t> targets = Targets(*topology, call.query);
+  if (targets.empty()) {  // only when the shards' sentence ranges leave gaps
+    done(absl::FailedPreconditionError("no shard holds any of the requested sentences"));
+    return;
+  }
   std::vector<const v1::ShardInfo*> ranges;
   for (size_t target : targets) ranges.push_back(&topology->ranges[target]);
   const absl::Time deadline = std::min(call.deadline, absl::Now() + options_.max_timeout);
