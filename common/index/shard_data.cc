@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace knnserve {
 namespace {
@@ -44,6 +45,15 @@ class Reader {
     pos_ += size;
     return absl::OkStatus();
   }
+  size_t remaining() const { return bytes_.size() - pos_; }
+  // DATA_LOSS unless exactly `expected` bytes are left (checked before allocating for them).
+  absl::Status Expect(uint64_t expected) const {
+    if (expected != remaining()) {
+      return absl::DataLossError(absl::StrCat(source_, ": header promises ", expected,
+                                              " more bytes, the file has ", remaining()));
+    }
+    return absl::OkStatus();
+  }
   absl::Status AtEnd() const {
     if (pos_ != bytes_.size()) {
       return absl::DataLossError(
@@ -70,13 +80,14 @@ std::string SerializeValues(absl::Span<const int32_t> values) {
 absl::StatusOr<std::vector<int32_t>> ParseValues(absl::Span<const uint8_t> bytes,
                                                  const std::string& source) {
   Reader reader(bytes, source);
-  if (absl::Status s = reader.Magic(kValuesMagic); !s.ok()) return s;
+  RETURN_IF_ERROR(reader.Magic(kValuesMagic));
   int64_t count = 0;
-  if (absl::Status s = reader.Get(&count, 1); !s.ok()) return s;
+  RETURN_IF_ERROR(reader.Get(&count, 1));
   if (count < 0) return absl::DataLossError(absl::StrCat(source, ": negative count"));
+  RETURN_IF_ERROR(reader.Expect(static_cast<uint64_t>(count) * sizeof(int32_t)));
   std::vector<int32_t> values(static_cast<size_t>(count));
-  if (absl::Status s = reader.Get(values.data(), values.size()); !s.ok()) return s;
-  if (absl::Status s = reader.AtEnd(); !s.ok()) return s;
+  RETURN_IF_ERROR(reader.Get(values.data(), values.size()));
+  RETURN_IF_ERROR(reader.AtEnd());
   return values;
 }
 
@@ -98,24 +109,29 @@ absl::StatusOr<SubsetCodes> ParseSubsetCodes(absl::Span<const uint8_t> bytes,
   int32_t reserved = 0;
   int64_t num_sentences = 0;
   int64_t num_vectors = 0;
-  for (absl::Status s :
-       {reader.Magic(kCodesMagic), reader.Get(&codes.m, 1), reader.Get(&reserved, 1),
-        reader.Get(&num_sentences, 1), reader.Get(&num_vectors, 1)}) {
-    if (!s.ok()) return s;
-  }
+  RETURN_IF_ERROR(reader.Magic(kCodesMagic));
+  RETURN_IF_ERROR(reader.Get(&codes.m, 1));
+  RETURN_IF_ERROR(reader.Get(&reserved, 1));
+  RETURN_IF_ERROR(reader.Get(&num_sentences, 1));
+  RETURN_IF_ERROR(reader.Get(&num_vectors, 1));
   if (codes.m <= 0 || num_sentences < 0 || num_vectors < 0) {
     return absl::DataLossError(absl::StrCat(source, ": bad header (m ", codes.m, ", sentences ",
                                             num_sentences, ", vectors ", num_vectors, ")"));
   }
+  if (num_sentences > int64_t{1} << 40 || num_vectors > int64_t{1} << 40) {
+    return absl::DataLossError(absl::StrCat(source, ": implausible header"));
+  }
+  RETURN_IF_ERROR(reader.Expect((static_cast<uint64_t>(num_sentences) + 1) * sizeof(int64_t) +
+                                static_cast<uint64_t>(num_vectors) * codes.m));
   codes.offsets.resize(static_cast<size_t>(num_sentences) + 1);
-  if (absl::Status s = reader.Get(codes.offsets.data(), codes.offsets.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(reader.Get(codes.offsets.data(), codes.offsets.size()));
   if (codes.offsets.back() != num_vectors) {
     return absl::DataLossError(absl::StrCat(source, ": offsets end at ", codes.offsets.back(),
                                             ", header says ", num_vectors, " vectors"));
   }
   codes.codes.resize(static_cast<size_t>(num_vectors) * codes.m);
-  if (absl::Status s = reader.Get(codes.codes.data(), codes.codes.size()); !s.ok()) return s;
-  if (absl::Status s = reader.AtEnd(); !s.ok()) return s;
+  RETURN_IF_ERROR(reader.Get(codes.codes.data(), codes.codes.size()));
+  RETURN_IF_ERROR(reader.AtEnd());
   return codes;
 }
 

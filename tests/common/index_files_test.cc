@@ -7,6 +7,7 @@
 #include "common/half.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
+#include "common/index/shard_data.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,6 +57,29 @@ TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has 7 bytes")));
   EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes, Sha256Hex("other")}),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has sha256")));
+}
+
+TEST(ShardData, RoundTripsAndRefusesBadHeaders) {
+  const std::vector<int32_t> values = {5, -1, 7};
+  const std::string v = SerializeValues(values);
+  auto bytes = [](const std::string& s) {
+    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> back, ParseValues(bytes(v), "v"));
+  EXPECT_EQ(back, values);
+  EXPECT_THAT(ParseValues(bytes(v.substr(0, v.size() - 1)), "x.values"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("x.values")));
+
+  SubsetCodes codes{2, 0, 0, {0, 1, 3}, {1, 2, 3, 4, 5, 6}};
+  std::string c = SerializeSubsetCodes(codes);
+  ASSERT_OK_AND_ASSIGN(SubsetCodes parsed, ParseSubsetCodes(bytes(c), "c"));
+  EXPECT_EQ(parsed.offsets, codes.offsets);
+  EXPECT_EQ(parsed.codes, codes.codes);
+  c[16] = '\x7f';  // num_sentences' low byte: the header no longer matches the payload
+  EXPECT_THAT(ParseSubsetCodes(bytes(c), "y.subset"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("y.subset")));
+  EXPECT_THAT(ParseValues(bytes(c), "z"), StatusIs(absl::StatusCode::kDataLoss,
+                                                  HasSubstr("not a KNSVALS1")));
 }
 
 TEST(Hdf5Datastore, KeysRoundTripFloat32AndFloat16) {
