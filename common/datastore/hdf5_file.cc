@@ -125,7 +125,9 @@ absl::StatusOr<std::unique_ptr<Hdf5File>> Hdf5File::Open(const std::string& path
     const unsigned flags = mode == Mode::kCreate      ? H5F_ACC_TRUNC
                            : mode == Mode::kReadWrite ? H5F_ACC_RDWR
                                                       : H5F_ACC_RDONLY;
-    handles = std::make_unique<Handles>(H5::H5File(path, flags));
+    H5::FileCreatPropList create_props;
+    H5Pset_obj_track_times(create_props.getId(), false);  // the root group's timestamps too
+    handles = std::make_unique<Handles>(H5::H5File(path, flags, create_props));
     return absl::OkStatus();
   }));
   return std::unique_ptr<Hdf5File>(new Hdf5File(path, std::move(handles)));
@@ -143,6 +145,7 @@ absl::Status Hdf5File::CreateVector(const std::string& name, Hdf5Type type, int6
     H5::DSetCreatPropList props;
     const hsize_t chunk_size = static_cast<hsize_t>(std::max<int64_t>(chunk, 1));
     props.setChunk(1, &chunk_size);
+    H5Pset_obj_track_times(props.getId(), false);  // no timestamps: same data, same bytes
     if (compress) {
       props.setShuffle();
       props.setDeflate(4);
@@ -193,6 +196,7 @@ absl::Status Hdf5File::CreateMatrix(const std::string& name, Hdf5Type type, int6
       const hsize_t chunk[2] = {
           static_cast<hsize_t>(std::clamp<int64_t>(chunk_rows, 1, rows)), dims[1]};
       props.setChunk(2, chunk);
+      H5Pset_obj_track_times(props.getId(), false);
       // Storage allocated now: row writes later touch raw data only, never the chunk index.
       H5Pset_alloc_time(props.getId(), H5D_ALLOC_TIME_EARLY);
       H5Pset_fill_time(props.getId(), H5D_FILL_TIME_NEVER);

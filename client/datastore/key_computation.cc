@@ -1,0 +1,189 @@
+#include "client/datastore/key_computation.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/datastore/batch_plan.h"
+#include "common/datastore/durable_file.h"
+#include "common/datastore/keys_file.h"
+#include "common/status_macros.h"
+
+namespace knnserve::datastore {
+namespace {
+
+int64_t Length(const DatastoreValues& side, int64_t s) {
+  return side.offsets[s + 1] - side.offsets[s];
+}
+
+// Padded length each sentence needs in a batch of `kind`.
+std::vector<int64_t> BatchLengths(const ValuesFile& values, KeyKind kind) {
+  std::vector<int64_t> lengths(values.num_sentences());
+  for (int64_t s = 0; s < values.num_sentences(); ++s) {
+    lengths[s] = kind == KeyKind::kSentences
+                     ? Length(values.source, s)
+                     : std::max(Length(values.source, s), Length(values.target, s));
+  }
+  return lengths;
+}
+
+std::vector<int64_t> Lengths(const DatastoreValues& side) {
+  std::vector<int64_t> lengths(side.num_sentences());
+  for (int64_t s = 0; s < side.num_sentences(); ++s) lengths[s] = Length(side, s);
+  return lengths;
+}
+
+absl::Status CheckLengths(const ValuesFile& values, const FeatureExtractor& extractor) {
+  for (int64_t s = 0; s < values.num_sentences(); ++s) {
+    if (Length(values.source, s) > extractor.max_source_length() ||
+        Length(values.target, s) > extractor.max_target_length()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sentence ", s, " (corpus line ", values.order[s] + 1, ") has ",
+          Length(values.source, s), " source and ", Length(values.target, s),
+          " target tokens; the model accepts at most ", extractor.max_source_length(), " and ",
+          extractor.max_target_length(), " (rebuild the values with a lower --max-tokens)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// First row of every batch, and the batch that starts at `row` (DATA_LOSS if none does).
+absl::StatusOr<size_t> BatchStartingAt(const std::vector<Batch>& batches,
+                                       const std::vector<int64_t>& first_row, int64_t row,
+                                       int64_t total_rows) {
+  if (row == total_rows) return batches.size();
+  auto it = std::lower_bound(first_row.begin(), first_row.end(), row);
+  if (it == first_row.end() || *it != row) {
+    return absl::DataLossError(
+        absl::StrCat("the partial key file's rows_completed ", row,
+                     " is not at a batch boundary of this run's batch plan"));
+  }
+  return static_cast<size_t>(it - first_row.begin());
+}
+
+}  // namespace
+
+SentenceBatch BatchOf(const ValuesFile& values, absl::Span<const int64_t> ids) {
+  SentenceBatch batch;
+  auto span = [](const DatastoreValues& side, int64_t s) {
+    return absl::Span<const int32_t>(side.tokens.data() + side.offsets[s],
+                                     static_cast<size_t>(Length(side, s)));
+  };
+  for (const int64_t s : ids) {
+    batch.sources.push_back(span(values.source, s));
+    batch.targets.push_back(span(values.target, s));
+  }
+  return batch;
+}
+
+absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtractor& extractor,
+                                       const KeysOptions& options,
+                                       std::map<std::string, std::string> identity,
+                                       const std::string& out_path) {
+  RETURN_IF_ERROR(CheckLengths(values, extractor));
+  const bool tokens = options.kind == KeyKind::kTokens;
+  const std::vector<int64_t> lengths = BatchLengths(values, options.kind);
+  const std::vector<Batch> batches =
+      PlanBatches(lengths, options.max_tokens, options.max_sentences);
+  // The batch plan decides the bytes: a resumed run must use the same one.
+  identity["batching"] = absl::StrCat("max_tokens=", options.max_tokens,
+                                      ",max_sentences=", options.max_sentences);
+  std::vector<int64_t> first_row;
+  for (const Batch& b : batches) {
+    first_row.push_back(tokens ? values.target.offsets[b.begin] : b.begin);
+  }
+  KeysFileSpec spec;
+  spec.rows = tokens ? static_cast<int64_t>(values.target.tokens.size()) : values.num_sentences();
+  spec.dim = extractor.dim();
+  spec.fp16 = options.fp16;
+  spec.identity = std::move(identity);
+  ASSIGN_OR_RETURN(std::unique_ptr<KeysFileWriter> writer,
+                   KeysFileWriter::CreateOrResume(out_path, spec));
+  KeysReport report;
+  report.rows = spec.rows;
+  report.dim = spec.dim;
+  report.batches = static_cast<int64_t>(batches.size());
+  report.resumed_from = writer->rows_completed();
+  report.padding_fraction = tokens ? PaddingFraction(batches, Lengths(values.source),
+                                                     Lengths(values.target))
+                                   : PaddingFraction(batches, Lengths(values.source),
+                                                     std::vector<int64_t>(lengths.size(), 0));
+  ASSIGN_OR_RETURN(const size_t start,
+                   BatchStartingAt(batches, first_row, writer->rows_completed(), spec.rows));
+
+  ProgressBar::Options progress_options = options.progress;
+  progress_options.unit = tokens ? "tokens" : "sentences";
+  ProgressBar progress(tokens ? "keys" : "sentence keys", spec.rows - writer->rows_completed(),
+                       progress_options);
+  const absl::Time begin = absl::Now();
+  std::vector<int64_t> ids;
+  int64_t since_checkpoint = 0;
+  int64_t checkpoints = 0;
+  for (size_t b = start; b < batches.size(); ++b) {
+    ids.resize(batches[b].end - batches[b].begin);
+    std::iota(ids.begin(), ids.end(), batches[b].begin);
+    const SentenceBatch batch = BatchOf(values, ids);
+    ASSIGN_OR_RETURN(const Matrix<float> rows, tokens ? extractor.TokenFeatures(batch)
+                                                      : extractor.SentenceEmbeddings(batch));
+    RETURN_IF_ERROR(writer->Append(rows.view()));
+    progress.Add(rows.rows());
+    since_checkpoint += rows.rows();
+    if (since_checkpoint >= options.checkpoint_rows && b + 1 < batches.size()) {
+      RETURN_IF_ERROR(writer->Checkpoint());
+      since_checkpoint = 0;
+      if (options.after_checkpoint) options.after_checkpoint(++checkpoints);
+    }
+  }
+  progress.Finish();
+  report.seconds = absl::ToDoubleSeconds(absl::Now() - begin);
+  report.rows_per_second =
+      report.seconds > 0 ? (spec.rows - report.resumed_from) / report.seconds : 0;
+  ASSIGN_OR_RETURN(report.digest, writer->Commit());
+  return report;
+}
+
+absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options) {
+  // LibTorch sets OpenMP to 1 thread on these machines: always set the count explicitly.
+  at::set_num_threads(std::max(1, options.threads));
+  ASSIGN_OR_RETURN(const FileDigest values_digest, DigestFile(options.values_path));
+  ASSIGN_OR_RETURN(const ValuesFile values, ReadValuesFile(options.values_path));
+  ASSIGN_OR_RETURN(LoadedExtractor loaded,
+                   LoadTransformerExtractor(options.model_path, options.feature, options.device));
+  if (loaded.vocab_size != values.tokenizer.vocab_size ||
+      loaded.eos_id != values.tokenizer.eos_id || loaded.pad_id != values.tokenizer.pad_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.model_path, " has vocabulary ", loaded.vocab_size, " (eos ", loaded.eos_id,
+        ", pad ", loaded.pad_id, "), ", options.values_path, " was tokenized for ",
+        values.tokenizer.vocab_size, " (eos ", values.tokenizer.eos_id, ", pad ",
+        values.tokenizer.pad_id, "): another tokenizer"));
+  }
+  if (!loaded.tokenizer.empty() && Sha256Hex(loaded.tokenizer) != values.tokenizer.sha256) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.model_path, " embeds tokenizer sha256 ", Sha256Hex(loaded.tokenizer), ", ",
+        options.values_path, " was tokenized with ", values.tokenizer.sha256,
+        ": rebuild the values with the model's tokenizer"));
+  }
+  ASSIGN_OR_RETURN(const FileDigest model_digest, DigestFile(options.model_path));
+  const bool tokens = options.keys.kind == KeyKind::kTokens;
+  const std::map<std::string, std::string> identity = {
+      {"model_sha256", model_digest.sha256},
+      {"values_sha256", values_digest.sha256},
+      {"tokenizer_sha256", values.tokenizer.sha256},
+      {"feature", tokens ? options.feature : std::string("encoder_mean")}};
+  if (std::filesystem::exists(options.out_path)) {
+    RETURN_IF_ERROR(CheckKeysFile(options.out_path, identity));
+    KeysReport report;
+    report.already_complete = true;
+    ASSIGN_OR_RETURN(report.digest, DigestFile(options.out_path));
+    report.dim = loaded.extractor->dim();
+    return report;
+  }
+  return ComputeKeys(values, *loaded.extractor, options.keys, identity, options.out_path);
+}
+
+}  // namespace knnserve::datastore

@@ -1,0 +1,79 @@
+// The keys step: values.h5 + a model -> keys.h5 (one key per target token) or
+// sentence_keys.h5 (one embedding per sentence), both /keys [rows, d] (keys_file.h).
+//
+// Sentences are processed in their stored order (sorted by length) in token-budgeted batches
+// (batch_plan.h), so batches pad little. The output is checkpointed at batch boundaries every
+// `checkpoint_rows` rows; a rerun after a kill resumes at the last checkpoint, and since batches
+// are a pure function of the lengths and the batch limits (recorded in the file's identity), a
+// resumed run writes exactly the bytes an uninterrupted one would (same build, same --threads).
+#ifndef KNNSERVE_CLIENT_DATASTORE_KEY_COMPUTATION_H_
+#define KNNSERVE_CLIENT_DATASTORE_KEY_COMPUTATION_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/datastore/feature_extractor.h"
+#include "common/datastore/values_file.h"
+#include "common/files.h"
+#include "common/progress.h"
+
+namespace knnserve::datastore {
+
+enum class KeyKind { kTokens, kSentences };
+
+struct KeysOptions {
+  KeyKind kind = KeyKind::kTokens;
+  bool fp16 = true;
+  int64_t max_tokens = 4096;     // per batch: sentences x longest (source or target) length
+  int64_t max_sentences = 256;   // per batch
+  int64_t checkpoint_rows = 1 << 16;
+  ProgressBar::Options progress;
+  // Test hook: called after every checkpoint with the number of checkpoints so far.
+  std::function<void(int64_t)> after_checkpoint;
+};
+
+struct KeysReport {
+  int64_t rows = 0;
+  int dim = 0;
+  int64_t batches = 0;
+  int64_t resumed_from = 0;     // rows already done by an earlier run
+  double padding_fraction = 0;  // of the batch plan, both sides
+  double seconds = 0;           // of this run's computation
+  double rows_per_second = 0;   // rows computed by this run / seconds
+  bool already_complete = false;
+  FileDigest digest;
+};
+
+// The sentences `ids` of `values` as a batch (spans into `values`).
+SentenceBatch BatchOf(const ValuesFile& values, absl::Span<const int64_t> ids);
+
+// Computes the keys of `values` into `out_path` with `extractor`, resuming "<out>.partial"
+// when its identity (`identity` plus the batch limits) matches. REQUIRES: out_path's final file
+// does not exist yet (see RunKeysStep).
+absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtractor& extractor,
+                                       const KeysOptions& options,
+                                       std::map<std::string, std::string> identity,
+                                       const std::string& out_path);
+
+struct KeysStepOptions {
+  std::string values_path;
+  std::string model_path;  // a checkpoint (client/model/checkpoint.h)
+  std::string out_path;
+  std::string feature = kFeatureDecoderOut;  // token keys only
+  std::string device = "cpu";
+  int threads = 2;  // LibTorch intra-op threads
+  KeysOptions keys;
+};
+
+// The whole step as the CLI runs it: loads the values and the model, refuses a model whose
+// tokenizer (or vocabulary) differs from the one the values were made with, skips the work when
+// `out_path` is already complete for the same model, values and feature (refusing one made
+// from others), and otherwise computes (or resumes) it.
+absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options);
+
+}  // namespace knnserve::datastore
+
+#endif  // KNNSERVE_CLIENT_DATASTORE_KEY_COMPUTATION_H_
