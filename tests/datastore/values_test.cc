@@ -1,0 +1,241 @@
+// The values step, batch plans and the resumable key file, without a model.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "common/datastore/batch_plan.h"
+#include "common/datastore/durable_file.h"
+#include "common/datastore/hdf5_datastore.h"
+#include "common/datastore/keys_file.h"
+#include "common/datastore/values_builder.h"
+#include "common/datastore/values_file.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/datastore/temp_dir.h"
+
+namespace knnserve {
+namespace {
+
+using ::knnserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kVocab = 50;
+constexpr int kEos = 2;
+
+// A deterministic word-level "tokenizer": every word becomes 4 + (its hash mod 46).
+absl::StatusOr<std::vector<int>> FakeTokenize(absl::string_view text) {
+  std::vector<int> ids;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    ids.push_back(4 + static_cast<int>(std::hash<std::string>()(std::string(word)) % 46));
+  }
+  return ids;
+}
+
+TokenizerInfo FakeTokenizerInfo() {
+  TokenizerInfo info;
+  info.vocab_size = kVocab;
+  info.sha256 = Sha256Hex("fake tokenizer");
+  return info;
+}
+
+class ValuesTest : public testing::TempDirTest {
+ protected:
+  ValuesBuildOptions Options(const std::string& corpus) {
+    ValuesBuildOptions o;
+    o.corpus_path = Write("corpus.tsv", corpus);
+    o.out_path = Path("values.h5");
+    o.tokenizer = FakeTokenizerInfo();
+    o.threads = 2;
+    o.block_lines = 3;  // several blocks
+    o.chunk = 5;        // several HDF5 appends per dataset
+    o.progress.out = devnull_;
+    return o;
+  }
+};
+
+TEST(SplitCorpusLineTest, ClassifiesBadLines) {
+  BadLineKind kind;
+  EXPECT_OK(SplitCorpusLine("a b\tc d\r", 100, &kind));
+  EXPECT_FALSE(SplitCorpusLine("no tab", 100, &kind).ok());
+  EXPECT_EQ(kind, BadLineKind::kMissingTab);
+  EXPECT_FALSE(SplitCorpusLine("a\tb\tc", 100, &kind).ok());
+  EXPECT_EQ(kind, BadLineKind::kExtraTab);
+  EXPECT_FALSE(SplitCorpusLine(" \tb", 100, &kind).ok());
+  EXPECT_EQ(kind, BadLineKind::kEmptySide);
+  EXPECT_FALSE(SplitCorpusLine("a\t", 100, &kind).ok());
+  EXPECT_EQ(kind, BadLineKind::kEmptySide);
+  EXPECT_FALSE(SplitCorpusLine("a\xff\tb", 100, &kind).ok());
+  EXPECT_EQ(kind, BadLineKind::kInvalidUtf8);
+  EXPECT_FALSE(SplitCorpusLine("aaaa\tbbbb", 5, &kind).ok());
+  EXPECT_EQ(kind, BadLineKind::kOverLong);
+}
+
+TEST(SplitCorpusLineTest, Utf8ValidatorRejectsOverlongSurrogatesAndTruncation) {
+  EXPECT_TRUE(IsValidUtf8("Größe 日本 \xF0\x9F\x98\x80"));
+  EXPECT_FALSE(IsValidUtf8("\xC0\xAF"));          // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));      // UTF-16 surrogate
+  EXPECT_FALSE(IsValidUtf8("\xF4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xE6\x97"));          // truncated
+}
+
+TEST_F(ValuesTest, TokensOfEverySentenceAreTheTokenizedTargetPlusEosSortedByLength) {
+  const std::vector<std::string> sources = {"s one", "s two two", "s", "s four four four x",
+                                            "s five", "s six six"};
+  const std::vector<std::string> targets = {"t a b c", "t", "t d e", "t f g h i j", "t k",
+                                            "t l m"};
+  std::string corpus;
+  for (size_t i = 0; i < sources.size(); ++i) corpus += sources[i] + "\t" + targets[i] + "\n";
+  ValuesBuildOptions options = Options(corpus);
+  ASSERT_OK_AND_ASSIGN(const ValuesReport report, BuildValues(options, FakeTokenize));
+  EXPECT_EQ(report.sentences, 6);
+  EXPECT_EQ(report.bad.total(), 0);
+
+  ASSERT_OK_AND_ASSIGN(const ValuesFile values, ReadValuesFile(options.out_path));
+  ASSERT_EQ(values.num_sentences(), 6);
+  int64_t previous_length = 0;
+  for (int64_t s = 0; s < values.num_sentences(); ++s) {
+    const int64_t line = values.order[s];
+    auto ids = [&](const std::string& text) {
+      const std::vector<int> tokenized = *FakeTokenize(text);
+      std::vector<int32_t> out(tokenized.begin(), tokenized.end());
+      out.push_back(kEos);
+      return out;
+    };
+    const auto& t = values.target;
+    const auto& src = values.source;
+    EXPECT_EQ(std::vector<int32_t>(t.tokens.begin() + t.offsets[s],
+                                   t.tokens.begin() + t.offsets[s + 1]),
+              ids(targets[line]))
+        << "sentence " << s;
+    EXPECT_EQ(std::vector<int32_t>(src.tokens.begin() + src.offsets[s],
+                                   src.tokens.begin() + src.offsets[s + 1]),
+              ids(sources[line]));
+    const int64_t length = t.offsets[s + 1] - t.offsets[s];
+    EXPECT_GE(length, previous_length);
+    previous_length = length;
+  }
+  EXPECT_EQ(values.tokenizer.sha256, FakeTokenizerInfo().sha256);
+  EXPECT_EQ(values.corpus_lines, 6);
+  // The index layer reads the same file.
+  ASSERT_OK_AND_ASSIGN(const DatastoreValues plain, ReadValuesHdf5(options.out_path));
+  EXPECT_EQ(plain.tokens, values.target.tokens);
+  EXPECT_FALSE(std::filesystem::exists(PartialPath(options.out_path)));
+}
+
+TEST_F(ValuesTest, BadLinesAreCountedAndReportedWithTheirLineNumbers) {
+  ValuesBuildOptions options = Options(
+      "a\tb\nno tab\nx\ty\tz\n \tempty\nbad \xff\tutf\nw w w w w w\tlong\nc\td\n");
+  options.max_tokens = 4;  // "w w w w w w" + EOS is 7 tokens
+  ASSERT_OK_AND_ASSIGN(const ValuesReport report, BuildValues(options, FakeTokenize));
+  EXPECT_EQ(report.sentences, 2);
+  EXPECT_EQ(report.corpus_lines, 7);
+  EXPECT_THAT(report.bad.counts, ElementsAre(1, 1, 1, 1, 1));
+  EXPECT_THAT(report.bad.examples,
+              ElementsAre("line 2: missing tab", "line 3: more than one tab",
+                          "line 4: empty side", "line 5: invalid UTF-8", "line 6: over-long"));
+  ASSERT_OK_AND_ASSIGN(const ValuesFile values, ReadValuesFile(options.out_path));
+  EXPECT_EQ(values.bad_lines, 5);
+  EXPECT_THAT(values.order, ElementsAre(0, 6));
+}
+
+TEST_F(ValuesTest, StrictModeFailsOnTheFirstBadLineAndWritesNothing) {
+  ValuesBuildOptions options = Options("a\tb\nno tab\nc\td\n");
+  options.strict = true;
+  EXPECT_THAT(BuildValues(options, FakeTokenize),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2: missing tab")));
+  EXPECT_FALSE(std::filesystem::exists(options.out_path));
+}
+
+TEST_F(ValuesTest, ACorpusWithoutUsableLinesIsAnError) {
+  ValuesBuildOptions options = Options("no tab\n");
+  EXPECT_THAT(BuildValues(options, FakeTokenize),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no usable sentence")));
+}
+
+TEST(BatchPlanTest, BatchesAreContiguousAndWithinTheTokenBudget) {
+  const std::vector<int64_t> lengths = {2, 3, 3, 4, 9, 10, 30, 5};
+  const std::vector<Batch> batches = PlanBatches(lengths, 20, 3);
+  int64_t next = 0;
+  for (const Batch& b : batches) {
+    EXPECT_EQ(b.begin, next);
+    EXPECT_LE(b.end - b.begin, 3);
+    int64_t longest = 0;
+    for (int64_t i = b.begin; i < b.end; ++i) longest = std::max(longest, lengths[i]);
+    EXPECT_EQ(b.max_length, longest);
+    // Only a sentence longer than the budget may exceed it, alone.
+    EXPECT_TRUE((b.end - b.begin) * longest <= 20 || b.end - b.begin == 1);
+    next = b.end;
+  }
+  EXPECT_EQ(next, 8);
+}
+
+TEST(BatchPlanTest, PaddingFractionCountsBothSides) {
+  const std::vector<Batch> one = {{0, 2, 4}};
+  // sources 2 and 4 (pad 2), targets 3 and 3 (pad 0): 12 real of 14.
+  EXPECT_DOUBLE_EQ(PaddingFraction(one, std::vector<int64_t>{2, 4}, std::vector<int64_t>{3, 3}),
+                   1.0 - 12.0 / 14.0);
+}
+
+class KeysFileTest : public testing::TempDirTest {
+ protected:
+  static KeysFileSpec Spec(const std::string& model) {
+    KeysFileSpec spec;
+    spec.rows = 10;
+    spec.dim = 3;
+    spec.chunk_rows = 4;
+    spec.identity = {{"model_sha256", model}};
+    return spec;
+  }
+  static Matrix<float> Rows(int64_t n, float base) {
+    Matrix<float> m(n, 3);
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = base + 0.25f * static_cast<float>(i);
+    return m;
+  }
+};
+
+TEST_F(KeysFileTest, ResumesAtTheLastCheckpointAndPublishesOnlyWhenComplete) {
+  const std::string path = Path("keys.h5");
+  {
+    ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, Spec("m")));
+    ASSERT_OK(writer->Append(Rows(4, 0).view()));
+    ASSERT_OK(writer->Checkpoint());
+    ASSERT_OK(writer->Append(Rows(3, 100).view()));  // written but never checkpointed
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, Spec("m")));
+  EXPECT_EQ(writer->resumed_from(), 4);
+  ASSERT_OK(writer->Append(Rows(6, 4).view()));
+  ASSERT_OK_AND_ASSIGN(const FileDigest digest, writer->Commit());
+  EXPECT_OK(VerifyFile(path, digest));
+  EXPECT_FALSE(std::filesystem::exists(PartialPath(path)));
+  ASSERT_OK_AND_ASSIGN(auto keys, Hdf5KeySource::Open(path));
+  std::vector<float> all(30);
+  ASSERT_OK(keys->Read(0, 10, all.data()));
+  EXPECT_FLOAT_EQ(all[4 * 3], 4.0f);  // row 4 is the resumed run's, not the lost one's
+  EXPECT_OK(CheckKeysFile(path, {{"model_sha256", "m"}}));
+  EXPECT_THAT(CheckKeysFile(path, {{"model_sha256", "other"}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("model_sha256")));
+}
+
+TEST_F(KeysFileTest, APartialFileOfAnotherComputationIsRefused) {
+  const std::string path = Path("keys.h5");
+  {
+    ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, Spec("m")));
+    ASSERT_OK(writer->Append(Rows(4, 0).view()));
+    ASSERT_OK(writer->Checkpoint());
+  }
+  EXPECT_THAT(KeysFileWriter::CreateOrResume(path, Spec("another model")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("model_sha256 = \"m\"")));
+  KeysFileSpec wider = Spec("m");
+  wider.dim = 4;
+  EXPECT_THAT(KeysFileWriter::CreateOrResume(path, wider),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("[10, 3]")));
+}
+
+}  // namespace
+}  // namespace knnserve
