@@ -13,6 +13,9 @@ KNNSERVE=${KNNSERVE:-${BUILD}/bin/knnserve}
 CORPUS=${CORPUS:-../shared/corpus}
 MAX_MINUTES=${MAX_MINUTES:-100}
 THREADS=${THREADS:-2}
+# libgomp's default busy-waiting burns the CPU shares of a shared machine: measured 3.6x more
+# training tokens/s with passive waiting when the 2 cores are oversubscribed (docs/model.md).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 [ -f "${CORPUS}/train.tsv" ] || CORPUS_OUT="${CORPUS}" scripts/fetch-corpus.sh
 mkdir -p data/demo models/demo runs/demo
@@ -37,7 +40,7 @@ fi
   --d-model 256 --encoder-layers 3 --decoder-layers 2 --heads 4 --ffn-dim 1024 --pre-norm \
   --dropout 0.1 --label-smoothing 0.1 --lr 1e-3 --warmup 300 --clip-norm 1.0 \
   --max-tokens 2500 --max-len 128 --bf16 --seed 1 --threads "${THREADS}" \
-  --max-minutes "${MAX_MINUTES}" --save-every-minutes 4 --valid-every 150 \
+  --max-minutes "${MAX_MINUTES}" --save-every-minutes 4 --valid-every 200 \
   --valid-bleu-sentences 100 --log-every 10
 
 "${KNNSERVE}" model export --checkpoint runs/demo/checkpoint_last.pt --out models/demo/model.pt --fp16
