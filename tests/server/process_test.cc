@@ -277,6 +277,11 @@ TEST(ProcessTest, LocalUpAndDownScripts) {
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.coverage().shards_answered(), 2);
   EXPECT_THAT(ReadFile(run_dir + "/shards.txt"), ::testing::HasSubstr("1 127.0.0.1:"));
+  // The router's metrics, over HTTP on the port after its gRPC port.
+  EXPECT_EQ(std::system("/usr/bin/python3 -c \"import urllib.request as u; "
+                        "t = u.urlopen('http://127.0.0.1:16301/metrics', timeout=10).read(); "
+                        "assert b'knnserve_shard_requests_total{shard=' in t\""),
+            0);
   EXPECT_EQ(
       std::system(
           absl::StrCat("timeout 90 deploy/local/down.sh -d ", run_dir, " > /dev/null").c_str()),

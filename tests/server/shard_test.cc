@@ -2,6 +2,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "common/status_matchers.h"
 #include "common/wire.h"
 #include "gmock/gmock.h"
@@ -127,6 +128,61 @@ TEST(ShardTest, CountsRequestsInMetrics) {
   EXPECT_THAT(text, HasSubstr("knnserve_requests_total{method=\"Search\",result=\"ok\"} 1"));
   EXPECT_THAT(text, HasSubstr("knnserve_batch_rows_count 1"));
   EXPECT_THAT(text, HasSubstr("knnserve_request_seconds_bucket{method=\"Search\""));
+}
+
+// One ServerReflectionInfo exchange through a generic stub (no reflection stubs ship for
+// C++ clients): list_services, hand-encoded.
+class ListServices : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit ListServices(const std::string& address)
+      : stub_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const std::string request("\x3a\x00", 2);  // field 7 (list_services) = ""
+    grpc::Slice slice(request);
+    request_ = grpc::ByteBuffer(&slice, 1);
+    stub_.PrepareBidiStreamingCall(
+        &context_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        grpc::StubOptions(), this);
+    StartWrite(&request_);
+    StartRead(&response_);
+    StartCall();
+  }
+  void OnWriteDone(bool) override { StartWritesDone(); }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      std::vector<grpc::Slice> slices;
+      (void)response_.Dump(&slices);
+      for (const grpc::Slice& s : slices) {
+        reply_.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+  std::string Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(status_.ok()) << status_.error_message();
+    return reply_;
+  }
+
+ private:
+  grpc::GenericStub stub_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  std::string reply_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+TEST(ShardTest, ServesReflection) {
+  TestShard shard(0, SmallEngine());
+  ListServices call(shard.address());
+  const std::string reply = call.Wait();
+  EXPECT_THAT(reply, HasSubstr("knnserve.v1.Retrieval"));
+  EXPECT_THAT(reply, HasSubstr("grpc.health.v1.Health"));
 }
 
 }  // namespace
