@@ -50,6 +50,54 @@ using Candidate = std::pair<float, int64_t>;  // distance, global token id
 
 }  // namespace
 
+void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
+                  std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  // Sentences of this slice in storage order, adjacent ones merged: the scan then reads memory
+  // sequentially and calls the kernel on long runs.
+  ranges.clear();
+  std::vector<int64_t> local;
+  local.reserve(sentences.size());
+  for (int64_t s : sentences) {
+    if (s >= codes.sentence_begin && s < codes.sentence_end()) {
+      local.push_back(s - codes.sentence_begin);
+    }
+  }
+  std::sort(local.begin(), local.end());
+  local.erase(std::unique(local.begin(), local.end()), local.end());
+  for (int64_t s : local) {
+    const int64_t begin = codes.offsets[s];
+    const int64_t end = codes.offsets[s + 1];
+    if (begin == end) continue;
+    if (!ranges.empty() && ranges.back().second == begin) {
+      ranges.back().second = end;
+    } else {
+      ranges.emplace_back(begin, end);
+    }
+  }
+}
+
+absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries,
+                               const SubsetGroups& groups, absl::Span<const int32_t> row_group,
+                               int k) {
+  if (queries.cols != dim) {
+    return absl::InvalidArgumentError(absl::StrCat("subset queries have dimension ", queries.cols,
+                                                   ", the PQ codebook has ", dim));
+  }
+  if (k <= 0) return absl::InvalidArgumentError(absl::StrCat("k = ", k));
+  if (static_cast<int64_t>(row_group.size()) != queries.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("row_group has ", row_group.size(),
+                                                   " entries for ", queries.rows, " queries"));
+  }
+  for (int64_t r = 0; r < queries.rows; ++r) {
+    const int32_t g = row_group[r];
+    if (g < 0 || static_cast<size_t>(g) >= groups.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("query row ", r, " refers to subset group ", g, " of ", groups.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 struct SubsetAdc::Scratch {
   std::vector<float> luts;        // kMaxQueriesPerPass x m x 256
   std::vector<float> distances;   // kMaxQueriesPerPass x kBlock
@@ -115,24 +163,9 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
                                                      const SubsetGroups& groups,
                                                      absl::Span<const int32_t> row_group,
                                                      int k) const {
-  if (queries.cols != codebook_.dim()) {
-    return absl::InvalidArgumentError(absl::StrCat("subset queries have dimension ", queries.cols,
-                                                   ", the PQ codebook has ", codebook_.dim()));
-  }
-  if (k <= 0) return absl::InvalidArgumentError(absl::StrCat("k = ", k));
-  if (static_cast<int64_t>(row_group.size()) != queries.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("row_group has ", row_group.size(),
-                                                   " entries for ", queries.rows, " queries"));
-  }
+  RETURN_IF_ERROR(CheckSubsetSearch(codebook_.dim(), queries, groups, row_group, k));
   std::vector<std::vector<int64_t>> group_rows(groups.size());
-  for (int64_t r = 0; r < queries.rows; ++r) {
-    const int32_t g = row_group[r];
-    if (g < 0 || static_cast<size_t>(g) >= groups.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("query row ", r, " refers to subset group ", g, " of ", groups.size()));
-    }
-    group_rows[g].push_back(r);
-  }
+  for (int64_t r = 0; r < queries.rows; ++r) group_rows[row_group[r]].push_back(r);
   std::vector<int32_t> active;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!group_rows[g].empty()) active.push_back(static_cast<int32_t>(g));
@@ -159,27 +192,7 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries,
                                absl::Span<const int64_t> sentences,
                                absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                Neighbors& out) const {
-  // Sentences of this slice, in storage order, with adjacent ones merged into one range: the
-  // scan then reads memory sequentially and calls the kernel on long runs.
-  scratch.ranges.clear();
-  std::vector<int64_t> local;
-  local.reserve(sentences.size());
-  for (int64_t s : sentences) {
-    if (s >= codes_.sentence_begin && s < codes_.sentence_end()) {
-      local.push_back(s - codes_.sentence_begin);
-    }
-  }
-  std::sort(local.begin(), local.end());
-  for (int64_t s : local) {
-    const int64_t begin = codes_.offsets[s];
-    const int64_t end = codes_.offsets[s + 1];
-    if (begin == end) continue;
-    if (!scratch.ranges.empty() && scratch.ranges.back().second == begin) {
-      scratch.ranges.back().second = end;
-    } else {
-      scratch.ranges.emplace_back(begin, end);
-    }
-  }
+  SubsetRanges(codes_, sentences, scratch.ranges);
 
   const int m = codebook_.m;
   const size_t lut_floats = static_cast<size_t>(m) * kLutSize;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,18 @@ struct SubsetCodes {
   int64_t num_vectors() const { return offsets.empty() ? 0 : offsets.back(); }
   int64_t sentence_end() const { return sentence_begin + num_sentences(); }
 };
+
+// The local token ranges [begin, end) holding `sentences` (global ids) of `codes`' slice: those
+// outside the slice dropped, sorted, adjacent sentences merged into one range, empty ones
+// skipped. Shared by the CPU and GPU scans so both visit tokens in the same order.
+void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
+                  std::vector<std::pair<int64_t, int64_t>>& ranges);
+
+// The argument checks of SubsetAdc::SearchSubset (and its GPU twin): queries have `dim`
+// columns, k > 0, one row_group entry per query row, each naming an existing group.
+absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries,
+                               const SubsetGroups& groups, absl::Span<const int32_t> row_group,
+                               int k);
 
 // The neighbours of a subset search (global token ids) and how many codes were scanned.
 struct SubsetResult {
