@@ -27,9 +27,18 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
 
   void Start(const std::shared_ptr<CancelToken>& cancel) {
     std::weak_ptr<ShardCall> weak = weak_from_this();
-    cancel->OnCancel([weak] {
+    cancel_ = cancel;
+    cancel_id_ = cancel->OnCancel([weak] {
       if (auto self = weak.lock()) self->CancelAll();
     });
+    if (cancel->cancelled()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      Finish(absl::CancelledError("the caller cancelled the request"));
+      return;
+    }
     shard_->CountRequest();
     Launch(shard_->Pick({}), /*hedge=*/false);
     if (hedge_->enabled && shard_->replicas().size() > 1) {
@@ -143,6 +152,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
   }
 
   void Finish(absl::StatusOr<v1::SearchResponse> result) {
+    cancel_->Forget(cancel_id_);
     const ShardMetrics& metrics = shard_->metrics();
     (result.ok() ? metrics.requests_ok : metrics.requests_failed)->Increment();
     metrics.latency->ObserveDuration(absl::Now() - start_);
@@ -171,6 +181,8 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
   const HedgeOptions* const hedge_;
   const ShardDone done_;
   const absl::Time start_;
+  std::shared_ptr<CancelToken> cancel_;  // set by Start
+  int64_t cancel_id_ = -1;
 
   absl::Mutex mu_;
   std::vector<std::shared_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);

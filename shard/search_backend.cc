@@ -5,14 +5,14 @@
 namespace knnserve {
 
 void CancelToken::Cancel() {
-  std::vector<std::function<void()>> callbacks;
+  std::map<int64_t, std::function<void()>> callbacks;
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_) return;
     cancelled_ = true;
     callbacks.swap(callbacks_);
   }
-  for (auto& callback : callbacks) callback();
+  for (auto& [id, callback] : callbacks) callback();
 }
 
 bool CancelToken::cancelled() const {
@@ -20,15 +20,21 @@ bool CancelToken::cancelled() const {
   return cancelled_;
 }
 
-void CancelToken::OnCancel(std::function<void()> callback) {
+int64_t CancelToken::OnCancel(std::function<void()> callback) {
   {
     absl::MutexLock lock(&mu_);
     if (!cancelled_) {
-      callbacks_.push_back(std::move(callback));
-      return;
+      callbacks_.emplace(next_id_, std::move(callback));
+      return next_id_++;
     }
   }
   callback();
+  return -1;
+}
+
+void CancelToken::Forget(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  callbacks_.erase(id);
 }
 
 }  // namespace knnserve

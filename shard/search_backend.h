@@ -4,7 +4,9 @@
 #ifndef KNNSERVE_SHARD_SEARCH_BACKEND_H_
 #define KNNSERVE_SHARD_SEARCH_BACKEND_H_
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -25,13 +27,17 @@ class CancelToken {
   // Runs every registered callback once, on the calling thread.
   void Cancel();
   bool cancelled() const;
-  // Runs `callback` at Cancel(), or right away when already cancelled.
-  void OnCancel(std::function<void()> callback);
+  // Runs `callback` at Cancel(), or right away when already cancelled. Returns an id for
+  // Forget() (a long stream's token must not collect the callbacks of every finished step).
+  int64_t OnCancel(std::function<void()> callback);
+  // Drops the callback registered as `id` if it has not run.
+  void Forget(int64_t id);
 
  private:
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 struct SearchAnswer {
