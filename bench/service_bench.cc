@@ -161,7 +161,8 @@ Stats ThroughRouter(const Flags& flags, const std::string& address, int clients)
   }
   return ClosedLoop(clients, flags.seconds, flags.batch, [&](int c) {
     v1::SearchResponse response;
-    const grpc::Status status = testing::CallSearch(stubs[c].get(), requests[c], &response);
+    const grpc::Status status =
+        testing::CallSearch(stubs[c].get(), requests[c], &response, absl::Seconds(120));
     KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
   });
 }
@@ -187,6 +188,7 @@ struct Cluster {
 RouterOptions Options(bool hedge) {
   RouterOptions options = testing::FastRouterOptions();
   options.probe_interval = absl::Seconds(1);
+  options.probe_timeout = absl::Seconds(10);  // shared 2-core machines can stall for seconds
   options.hedge.enabled = hedge;
   return options;
 }
@@ -243,6 +245,7 @@ Stats SteadyRate(const Flags& flags, const std::string& address, double rate) {
     absl::SleepFor(start + i * interval - absl::Now());
     auto context = std::make_shared<grpc::ClientContext>();
     auto response = std::make_shared<v1::SearchResponse>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
     const absl::Time sent = absl::Now();
     {
       absl::MutexLock lock(&mu);
