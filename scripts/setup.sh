@@ -58,8 +58,10 @@ build() {
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   fi
   # shellcheck disable=SC2086
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
-    ${KNNSERVE_CMAKE_ARGS:-}
+  # Defaults first so that KNNSERVE_CMAKE_ARGS overrides them, and a build directory configured
+  # earlier with other options is brought back to the full build.
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKNNSERVE_WITH_TORCH=ON \
+    "${launcher[@]}" ${KNNSERVE_CMAKE_ARGS:-}
   cmake --build "$build_dir" -j "$jobs"
   echo "setup: built into $build_dir/ (executables in $build_dir/bin/)"
 }
