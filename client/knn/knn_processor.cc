@@ -1,0 +1,189 @@
+#include "client/knn/knn_processor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace knnserve::knn {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+// The log-probability of a token both distributions give zero (λ = 1, no neighbour votes): a
+// finite floor, so that decoding constraints (EOS forced at the length limit) keep a choice.
+constexpr float kLogZero = -1e9f;
+
+double LogAddExp(double a, double b) {
+  if (a == kNegInf) return b;
+  if (b == kNegInf) return a;
+  const double m = std::max(a, b);
+  return m + std::log1p(std::exp(-std::abs(a - b)));
+}
+
+// [rows, d] float32, contiguous, on the CPU: the bytes a query matrix views.
+torch::Tensor QueryTensor(const torch::Tensor& features) {
+  return features.to(torch::kCPU, torch::kFloat).contiguous();
+}
+
+}  // namespace
+
+absl::Status ValidateKnnOptions(const KnnOptions& options) {
+  if (options.k < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--knn-topk must be >= 1, got ", options.k));
+  }
+  if (!(options.temperature > 0) || !std::isfinite(options.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--knn-temperature must be > 0, got ", options.temperature));
+  }
+  if (!(options.weight >= 0 && options.weight <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--knn-weight must be in [0, 1], got ", options.weight));
+  }
+  if (options.nprobe < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--knn-nprobe must be >= 0, got ", options.nprobe));
+  }
+  if (!(options.threshold >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--knn-threshold must be >= 0 (0: off), got ", options.threshold));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
+                                             const Neighbors& neighbors, Metric metric,
+                                             const KnnOptions& options) {
+  if (log_probs.dim() != 2 || neighbors.rows != log_probs.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("interpolation: ", neighbors.rows,
+                                                   " neighbour rows for log-probabilities of ",
+                                                   log_probs.dim(), " dims"));
+  }
+  if (!neighbors.has_values()) {
+    return absl::InvalidArgumentError("interpolation: the neighbours carry no values");
+  }
+  if (options.weight == 0) return log_probs;
+  const int64_t rows = log_probs.size(0);
+  const int64_t vocab = log_probs.size(1);
+  const torch::Tensor input = log_probs.to(torch::kCPU, torch::kFloat).contiguous();
+  const double log_weight = std::log(options.weight);
+  const double log_rest = options.weight < 1 ? std::log1p(-options.weight) : kNegInf;
+  // Tokens no neighbour votes for keep (1 - λ) p_MT: one vectorized pass; the few voted tokens
+  // of each row are then combined exactly in log space (log p_kNN only where p_kNN > 0).
+  torch::Tensor out = options.weight < 1 ? input + static_cast<float>(log_rest)
+                                         : torch::full_like(input, kLogZero);
+  const float* in = input.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  std::vector<std::pair<int32_t, double>> votes;  // (token, score = -d/τ)
+  for (int64_t r = 0; r < rows; ++r) {
+    votes.clear();
+    for (int j = 0; j < neighbors.k; ++j) {
+      const int64_t i = r * neighbors.k + j;
+      const int32_t token = neighbors.values[i];
+      const double d = neighbors.distances[i];
+      if (neighbors.ids[i] < 0 || token < 0 || token >= vocab || !std::isfinite(d)) continue;
+      if (options.threshold > 0 && metric == Metric::kL2 && d > options.threshold) continue;
+      votes.emplace_back(token, (metric == Metric::kL2 ? -d : d) / options.temperature);
+    }
+    const float* in_row = in + r * vocab;
+    float* out_row = o + r * vocab;
+    if (votes.empty()) {  // nothing retrieved for this row: p_MT alone
+      std::copy(in_row, in_row + vocab, out_row);
+      continue;
+    }
+    double log_z = kNegInf;
+    for (const auto& [token, score] : votes) log_z = LogAddExp(log_z, score);
+    std::sort(votes.begin(), votes.end());
+    for (size_t a = 0; a < votes.size();) {
+      double log_mass = kNegInf;
+      size_t b = a;
+      for (; b < votes.size() && votes[b].first == votes[a].first; ++b) {
+        log_mass = LogAddExp(log_mass, votes[b].second);
+      }
+      const int32_t token = votes[a].first;
+      const double knn_term = log_weight + (log_mass - log_z);
+      const double mt_term = log_rest + static_cast<double>(in_row[token]);
+      out_row[token] = std::max(kLogZero, static_cast<float>(LogAddExp(knn_term, mt_term)));
+      a = b;
+    }
+  }
+  return out.to(log_probs.device());
+}
+
+KnnLogitsProcessor::KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options,
+                                       SubsetSelector* selector)
+    : retriever_(retriever), options_(options), selector_(selector) {}
+
+absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> KnnLogitsProcessor::Create(
+    Retriever* retriever, const KnnOptions& options, SubsetSelector* selector) {
+  RETURN_IF_ERROR(ValidateKnnOptions(options));
+  if (selector != nullptr && !retriever->info().supports_subset) {
+    return absl::FailedPreconditionError(
+        "subset kNN-MT needs an index with subset codes (built with values and a PQ)");
+  }
+  return absl::WrapUnique(new KnnLogitsProcessor(retriever, options, selector));
+}
+
+absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
+                                            const model::EncoderOutput& encoder_out) {
+  session_.reset();  // one stream per batch: the previous batch's session ends here
+  SubsetGroups groups;
+  if (selector_ != nullptr) {
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(groups, selector_->Select(src_tokens, encoder_out));
+    stats_.select_time += absl::Now() - start;
+    if (static_cast<int64_t>(groups.size()) != src_tokens.size(0)) {
+      return absl::InternalError(absl::StrCat("subset selection returned ", groups.size(),
+                                              " groups for ", src_tokens.size(0), " sentences"));
+    }
+    for (const auto& group : groups) stats_.subset_sentences += group.size();
+  }
+  subset_ = !groups.empty();
+  ASSIGN_OR_RETURN(session_, retriever_->StartSession(std::move(groups)));
+  ++stats_.batches;
+  return absl::OkStatus();
+}
+
+absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
+  if (session_ == nullptr) {
+    return absl::FailedPreconditionError("kNN-MT step before BeginBatch");
+  }
+  const torch::Tensor features = QueryTensor(context.features);
+  const MatrixView<const float> queries{features.data_ptr<float>(), features.size(0),
+                                        features.size(1)};
+  std::vector<int32_t> row_group;
+  if (subset_) {
+    const torch::Tensor sentence = context.sentence.to(torch::kCPU, torch::kLong).contiguous();
+    const int64_t* s = sentence.data_ptr<int64_t>();
+    row_group.assign(s, s + sentence.numel());
+  }
+  SearchParams params;
+  params.k = options_.k;
+  params.nprobe = options_.nprobe;
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(Neighbors neighbors, session_->Search(queries, row_group, params));
+  const absl::Time searched = absl::Now();
+  ASSIGN_OR_RETURN(context.log_probs, InterpolateKnn(context.log_probs, neighbors,
+                                                     retriever_->info().metric, options_));
+  stats_.retrieval_time += searched - start;
+  stats_.interpolate_time += absl::Now() - searched;
+  ++stats_.steps;
+  stats_.query_rows += queries.rows;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Neighbors> KnnLogitsProcessor::SearchOnce(const torch::Tensor& features) {
+  const torch::Tensor f = QueryTensor(features);
+  ASSIGN_OR_RETURN(std::unique_ptr<RetrievalSession> session, retriever_->StartSession({}));
+  SearchParams params;
+  params.k = options_.k;
+  params.nprobe = options_.nprobe;
+  return session->Search({f.data_ptr<float>(), f.size(0), f.size(1)}, {}, params);
+}
+
+}  // namespace knnserve::knn

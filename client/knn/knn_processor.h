@@ -1,0 +1,103 @@
+// kNN-MT in the decoder: a decode::LogitsProcessor that, at every step, sends the features of
+// all live hypotheses of the batch as one query to a Retriever and interpolates
+//
+//   p_kNN(y) ∝ Σ_{i ≤ k} 1[y = v_i] · exp(−d_i / τ)        (scatter-add over the vocabulary)
+//   P(y)     = λ · p_kNN(y) + (1 − λ) · p_MT(y)             (computed in log space)
+//
+// For subset kNN-MT a SubsetSelector picks, per source sentence, the datastore sentences its
+// hypotheses may match; they are declared once per batch (the session's setup), and every step
+// then searches only those sentences' tokens.
+#ifndef KNNSERVE_CLIENT_KNN_KNN_PROCESSOR_H_
+#define KNNSERVE_CLIENT_KNN_KNN_PROCESSOR_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/decode/search.h"
+#include "client/knn/retriever.h"
+#include "common/search_types.h"
+
+namespace knnserve::knn {
+
+// The knobs, named as knn-seq names its flags.
+struct KnnOptions {
+  int k = 16;                // --knn-topk: neighbours per query
+  double temperature = 10;   // --knn-temperature τ (> 0), in the index's distance units
+  double weight = 0.5;       // --knn-weight λ in [0, 1]
+  int nprobe = 0;            // --knn-nprobe: IVF lists probed (0: the index's default)
+  double threshold = 0;      // --knn-threshold: neighbours with distance > threshold are
+                             // ignored (0: off); a row left without any keeps p_MT
+};
+
+// INVALID_ARGUMENT naming the bad knob.
+absl::Status ValidateKnnOptions(const KnnOptions& options);
+
+// Interpolates one step. log_probs [rows, V] float (p_MT, log space); neighbours rows x k with
+// values (token ids < V; id -1 = missing), squared-L2 distances. Returns [rows, V]: log of
+// λ p_kNN + (1 − λ) p_MT, never NaN or -inf: where both terms are zero (λ = 1, a token no
+// neighbour votes for) it is -1e9, so decoding constraints keep a finite choice. Rows without
+// usable neighbours are returned unchanged. λ = 0 returns log_probs exactly. REQUIRES: valid options,
+// L2 metric (inner-product scores are used as −d).
+absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
+                                             const Neighbors& neighbors, Metric metric,
+                                             const KnnOptions& options);
+
+// Picks the datastore sentences of subset kNN-MT for a batch.
+class SubsetSelector {
+ public:
+  virtual ~SubsetSelector() = default;
+  // One group of distinct datastore sentence ids per source sentence (row of src_tokens
+  // [batch, src_len]); encoder_out is the batch's encoder output.
+  virtual absl::StatusOr<SubsetGroups> Select(const torch::Tensor& src_tokens,
+                                              const model::EncoderOutput& encoder_out) = 0;
+};
+
+// Where the time of a translation went, for the report.
+struct KnnStats {
+  int64_t batches = 0;
+  int64_t steps = 0;
+  int64_t query_rows = 0;
+  int64_t subset_sentences = 0;      // sum of group sizes declared
+  absl::Duration select_time;        // subset selection (sentence search)
+  absl::Duration retrieval_time;     // Search calls (network or in-process engine)
+  absl::Duration interpolate_time;   // p_kNN and the interpolation
+};
+
+// Thread-compatible: one decoding thread at a time, as decode::SearchOptions requires.
+class KnnLogitsProcessor : public decode::LogitsProcessor {
+ public:
+  // `retriever` (and `selector`, when not null: subset kNN-MT) must outlive the processor.
+  static absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> Create(Retriever* retriever,
+                                                                    const KnnOptions& options,
+                                                                    SubsetSelector* selector);
+
+  // Ends the previous batch's session and starts this batch's (declaring its subset).
+  absl::Status BeginBatch(const torch::Tensor& src_tokens,
+                          const model::EncoderOutput& encoder_out) override;
+  absl::Status Process(decode::StepContext& context) override;
+
+  // Searches `features` [rows, d] with a full (not subset) search outside any decoding batch
+  // (provenance printing, tuning); same k and nprobe.
+  absl::StatusOr<Neighbors> SearchOnce(const torch::Tensor& features);
+
+  const KnnStats& stats() const { return stats_; }
+  const KnnOptions& options() const { return options_; }
+
+ private:
+  KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options, SubsetSelector* selector);
+
+  Retriever* const retriever_;
+  const KnnOptions options_;
+  SubsetSelector* const selector_;
+  std::unique_ptr<RetrievalSession> session_;
+  bool subset_ = false;  // whether session_ declared groups (one per batch sentence)
+  KnnStats stats_;
+};
+
+}  // namespace knnserve::knn
+
+#endif  // KNNSERVE_CLIENT_KNN_KNN_PROCESSOR_H_

@@ -1,0 +1,71 @@
+#include "client/knn/provenance.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/decode/search.h"
+#include "common/datastore/hdf5_datastore.h"
+#include "common/status_macros.h"
+
+namespace knnserve::knn {
+
+absl::StatusOr<std::unique_ptr<ProvenancePrinter>> ProvenancePrinter::Create(
+    const std::string& values_path) {
+  std::vector<int64_t> offsets;
+  if (!values_path.empty()) {
+    ASSIGN_OR_RETURN(DatastoreValues values, ReadValuesHdf5(values_path));
+    offsets = std::move(values.offsets);
+  }
+  return absl::WrapUnique(new ProvenancePrinter(std::move(offsets)));
+}
+
+absl::StatusOr<std::string> ProvenancePrinter::Explain(
+    model::TransformerModel& model, const Tokenizer& tokenizer, const std::string& source,
+    const std::string& hypothesis, KnnLogitsProcessor& processor, int print_k) const {
+  const model::TransformerConfig& config = model->config();
+  ASSIGN_OR_RETURN(torch::Tensor src,
+                   decode::EncodeSources(tokenizer, {source}, config.max_source_positions,
+                                         config.pad_id, config.eos_id));
+  ASSIGN_OR_RETURN(std::vector<int> target, tokenizer.Encode(hypothesis));
+  if (static_cast<int64_t>(target.size()) >= config.max_target_positions) {
+    target.resize(config.max_target_positions - 1);
+  }
+  target.push_back(static_cast<int>(config.eos_id));
+  std::vector<int64_t> prev = {config.eos_id};  // fairseq: the decoder input starts with EOS
+  prev.insert(prev.end(), target.begin(), target.end() - 1);
+  torch::Tensor features;
+  try {
+    torch::NoGradGuard no_grad;
+    model::EncoderOutput encoded = model->Encode(src);
+    features = model->Decode(torch::tensor(prev, torch::kLong).unsqueeze(0), encoded)
+                   .features.squeeze(0);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("provenance pass failed: ", e.what_without_backtrace()));
+  }
+  ASSIGN_OR_RETURN(Neighbors neighbors, processor.SearchOnce(features));
+  std::string text;
+  const int shown = std::min(print_k, neighbors.k);
+  for (size_t t = 0; t < target.size(); ++t) {
+    absl::StrAppend(&text, t, "\t", tokenizer.IdToPiece(target[t]));
+    for (int j = 0; j < shown; ++j) {
+      const int64_t i = static_cast<int64_t>(t) * neighbors.k + j;
+      const int64_t id = neighbors.ids[i];
+      if (id < 0) break;
+      std::string where = absl::StrCat("id=", id);
+      if (!offsets_.empty()) {
+        const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), id);
+        const int64_t sentence = (it - offsets_.begin()) - 1;
+        where = absl::StrCat("s=", sentence, ":", id - offsets_[sentence]);
+      }
+      absl::StrAppendFormat(&text, "\t[%s %s d=%.3g]", where,
+                            tokenizer.IdToPiece(neighbors.values[i]), neighbors.distances[i]);
+    }
+    absl::StrAppend(&text, "\n");
+  }
+  return text;
+}
+
+}  // namespace knnserve::knn
