@@ -45,6 +45,7 @@ struct Flags {
   int batch = 64;
   int k = 64;
   double seconds = 5;
+  double steady_seconds = 30;
   int64_t train_size = 65536;
   std::string work_dir = "/tmp/knnserve-bench";
 };
@@ -239,7 +240,7 @@ Stats SteadyRate(const Flags& flags, const std::string& address, double rate) {
   std::vector<absl::Duration> latencies;
   int outstanding = 0;
   const absl::Duration interval = absl::Seconds(1 / rate);
-  const int total = static_cast<int>(rate * flags.seconds);
+  const int total = static_cast<int>(rate * flags.steady_seconds);
   const absl::Time start = absl::Now();
   for (int i = 0; i < total; ++i) {
     absl::SleepFor(start + i * interval - absl::Now());
@@ -328,6 +329,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", flags.batch)->capture_default_str();
   app.add_option("--k", flags.k)->capture_default_str();
   app.add_option("--seconds", flags.seconds, "per measurement")->capture_default_str();
+  app.add_option("--steady-seconds", flags.steady_seconds, "per steady-rate scenario (c)")
+      ->capture_default_str();
   app.add_option("--train-size", flags.train_size)->capture_default_str();
   app.add_option("--work-dir", flags.work_dir, "where built indexes are kept")
       ->capture_default_str();
