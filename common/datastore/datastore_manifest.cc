@@ -48,9 +48,9 @@ absl::StatusOr<DatastoreManifest> DatastoreManifest::FromJson(const std::string&
     }
     manifest.inputs = j.at("inputs").get<std::map<std::string, std::string>>();
     for (const auto& [name, f] : j.at("steps").items()) {
-      manifest.steps[name] = ManifestFile{
-          f.at("file").get<std::string>(),
-          FileDigest{f.at("bytes").get<int64_t>(), f.at("sha256").get<std::string>()}};
+      manifest.steps[name] =
+          ManifestFile{f.at("file").get<std::string>(),
+                       FileDigest{f.at("bytes").get<int64_t>(), f.at("sha256").get<std::string>()}};
     }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": bad manifest: ", e.what()));
@@ -77,9 +77,9 @@ absl::Status CheckInputs(const DatastoreManifest& manifest,
   for (const auto& [name, value] : expected) {
     auto it = manifest.inputs.find(name);
     if (it != manifest.inputs.end() && it->second != value) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir, " was built with ", name, " ", it->second, ", this run has ", value,
-          ": another corpus, tokenizer or model (use a new output directory)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, " was built with ", name, " ", it->second, ", this run has ", value,
+                       ": another corpus, tokenizer or model (use a new output directory)"));
     }
   }
   return absl::OkStatus();

@@ -66,10 +66,9 @@ absl::Status VerifyFile(const std::string& path, const FileDigest& expected) {
   absl::StatusOr<FileDigest> actual = DigestFile(path);
   if (!actual.ok()) return actual.status();
   if (actual->bytes != expected.bytes || actual->sha256 != expected.sha256) {
-    return absl::DataLossError(absl::StrCat(path, " has ", actual->bytes, " bytes, sha256 ",
-                                            actual->sha256, "; the manifest says ",
-                                            expected.bytes, " bytes, sha256 ", expected.sha256,
-                                            " (truncated, corrupted or replaced)"));
+    return absl::DataLossError(absl::StrCat(
+        path, " has ", actual->bytes, " bytes, sha256 ", actual->sha256, "; the manifest says ",
+        expected.bytes, " bytes, sha256 ", expected.sha256, " (truncated, corrupted or replaced)"));
   }
   return absl::OkStatus();
 }

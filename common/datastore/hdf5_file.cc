@@ -193,8 +193,8 @@ absl::Status Hdf5File::CreateMatrix(const std::string& name, Hdf5Type type, int6
     H5::DataSpace space(2, dims);
     H5::DSetCreatPropList props;
     if (rows > 0) {
-      const hsize_t chunk[2] = {
-          static_cast<hsize_t>(std::clamp<int64_t>(chunk_rows, 1, rows)), dims[1]};
+      const hsize_t chunk[2] = {static_cast<hsize_t>(std::clamp<int64_t>(chunk_rows, 1, rows)),
+                                dims[1]};
       props.setChunk(2, chunk);
       H5Pset_obj_track_times(props.getId(), false);
       // Storage allocated now: row writes later touch raw data only, never the chunk index.
@@ -219,9 +219,9 @@ absl::Status Hdf5File::WriteRows(const std::string& name, int64_t begin,
     space.getSimpleExtentDims(dims);
     if (static_cast<hsize_t>(rows.cols) != dims[1] || begin < 0 ||
         static_cast<hsize_t>(begin + rows.rows) > dims[0]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is [", dims[0], ", ", dims[1], "]: cannot write ", rows.rows, " x ", rows.cols,
-          " at row ", begin));
+      return absl::InvalidArgumentError(absl::StrCat(name, " is [", dims[0], ", ", dims[1],
+                                                     "]: cannot write ", rows.rows, " x ",
+                                                     rows.cols, " at row ", begin));
     }
     H5::DataSpace file_space = SelectRows(ds, begin, rows.rows, rows.cols);
     const hsize_t count[2] = {static_cast<hsize_t>(rows.rows), dims[1]};
@@ -299,9 +299,12 @@ absl::StatusOr<Hdf5Type> Hdf5File::TypeOf(const std::string& name) const {
 }
 
 bool Hdf5File::HasDataset(const std::string& name) const {
-  return Guard(path_, "", [&]() -> absl::Status {
-           return handles_->file.nameExists(name) ? absl::OkStatus() : absl::NotFoundError("");
-         }).ok();
+  return Guard(path_, "",
+               [&]() -> absl::Status {
+                 return handles_->file.nameExists(name) ? absl::OkStatus()
+                                                        : absl::NotFoundError("");
+               })
+      .ok();
 }
 
 absl::Status Hdf5File::SetAttribute(const std::string& name, int64_t value) {
@@ -361,10 +364,12 @@ absl::StatusOr<std::string> Hdf5File::GetStringAttribute(const std::string& name
 }
 
 bool Hdf5File::HasAttribute(const std::string& name) const {
-  return Guard(path_, "", [&]() -> absl::Status {
-           return handles_->file.openGroup("/").attrExists(name) ? absl::OkStatus()
-                                                                 : absl::NotFoundError("");
-         }).ok();
+  return Guard(path_, "",
+               [&]() -> absl::Status {
+                 return handles_->file.openGroup("/").attrExists(name) ? absl::OkStatus()
+                                                                       : absl::NotFoundError("");
+               })
+      .ok();
 }
 
 absl::Status Hdf5File::Flush() {

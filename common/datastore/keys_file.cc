@@ -47,10 +47,10 @@ absl::Status CheckShape(const Hdf5File& file, const KeysFileSpec& spec) {
   ASSIGN_OR_RETURN(const Hdf5Type type, file.TypeOf(kKeys));
   const Hdf5Type expected_type = spec.fp16 ? Hdf5Type::kFloat16 : Hdf5Type::kFloat32;
   if (shape.first != spec.rows || shape.second != spec.dim || type != expected_type) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        file.path(), ": /keys is [", shape.first, ", ", shape.second, "] ",
-        type == Hdf5Type::kFloat16 ? "float16" : "float32", ", this run writes [", spec.rows,
-        ", ", spec.dim, "] ", spec.fp16 ? "float16" : "float32"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(file.path(), ": /keys is [", shape.first, ", ", shape.second, "] ",
+                     type == Hdf5Type::kFloat16 ? "float16" : "float32", ", this run writes [",
+                     spec.rows, ", ", spec.dim, "] ", spec.fp16 ? "float16" : "float32"));
   }
   return absl::OkStatus();
 }
@@ -140,8 +140,7 @@ absl::StatusOr<FileDigest> KeysFileWriter::Commit() {
 
 absl::Status CheckKeysFile(const std::string& path,
                            const std::map<std::string, std::string>& identity) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file,
-                   Hdf5File::Open(path, Hdf5File::Mode::kReadOnly));
+  ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file, Hdf5File::Open(path, Hdf5File::Mode::kReadOnly));
   ASSIGN_OR_RETURN(const int64_t complete, file->GetIntAttribute("complete"));
   if (complete != 1) {
     return absl::DataLossError(absl::StrCat(path, " is not marked complete"));

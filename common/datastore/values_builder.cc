@@ -142,12 +142,11 @@ absl::StatusOr<Pass1> ReadCorpus(const ValuesBuildOptions& options, const Tokeni
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open corpus ", options.corpus_path));
   std::error_code ec;
   const auto file_bytes = std::filesystem::file_size(options.corpus_path, ec);
-  ProgressBar progress("values: tokenize", ec ? 0 : static_cast<int64_t>(file_bytes),
-                       [&] {
-                         ProgressBar::Options o = options.progress;
-                         o.unit = "B";
-                         return o;
-                       }());
+  ProgressBar progress("values: tokenize", ec ? 0 : static_cast<int64_t>(file_bytes), [&] {
+    ProgressBar::Options o = options.progress;
+    o.unit = "B";
+    return o;
+  }());
   Pass1 pass;
   std::vector<std::string> block;
   std::vector<TokenizedLine> tokenized;
@@ -265,12 +264,11 @@ absl::Status WriteSorted(const ValuesBuildOptions& options, const std::string& c
   int64_t target_end = 0, source_end = 0;
   RETURN_IF_ERROR(offsets.Add(target_end));
   RETURN_IF_ERROR(src_offsets.Add(source_end));
-  ProgressBar progress("values: write", static_cast<int64_t>(pass.records.size()),
-                       [&] {
-                         ProgressBar::Options o = options.progress;
-                         o.unit = "sentences";
-                         return o;
-                       }());
+  ProgressBar progress("values: write", static_cast<int64_t>(pass.records.size()), [&] {
+    ProgressBar::Options o = options.progress;
+    o.unit = "sentences";
+    return o;
+  }());
   std::vector<int32_t> ids;
   for (const SentenceRecord& r : pass.records) {
     ids.resize(r.target_len + r.source_len);
@@ -403,9 +401,8 @@ absl::StatusOr<ValuesReport> BuildValues(const ValuesBuildOptions& options,
                    SpillFile::Create(absl::StrCat(options.out_path, ".spill.", ::getpid())));
   ASSIGN_OR_RETURN(Pass1 pass, ReadCorpus(options, tokenize, *spill));
   if (pass.records.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(options.corpus_path,
-                                                   ": no usable sentence pair (",
-                                                   pass.bad.Summary(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.corpus_path, ": no usable sentence pair (", pass.bad.Summary(), ")"));
   }
   ValuesReport report;
   report.corpus_lines = pass.lines;

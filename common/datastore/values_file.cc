@@ -10,13 +10,11 @@
 namespace knnserve {
 namespace {
 
-absl::Status CheckIds(const std::vector<int32_t>& tokens, int64_t vocab_size,
-                      const char* dataset) {
+absl::Status CheckIds(const std::vector<int32_t>& tokens, int64_t vocab_size, const char* dataset) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(dataset, "[", i, "] = ", tokens[i],
-                                                     " is outside the vocabulary [0, ",
-                                                     vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          dataset, "[", i, "] = ", tokens[i], " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();
@@ -45,8 +43,7 @@ absl::Status Validate(const ValuesFile& values) {
 }  // namespace
 
 absl::StatusOr<ValuesFile> ReadValuesFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file,
-                   Hdf5File::Open(path, Hdf5File::Mode::kReadOnly));
+  ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file, Hdf5File::Open(path, Hdf5File::Mode::kReadOnly));
   ASSIGN_OR_RETURN(const std::string format, file->GetStringAttribute("format"));
   if (format != kValuesFormat) {
     return absl::InvalidArgumentError(
