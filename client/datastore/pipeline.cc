@@ -56,8 +56,9 @@ class Pipeline {
     StepResult result;
     result.step = name;
     const std::string path = Join(options_.out_dir, output);
-    if (!upstream_changed_ && manifest_.steps.count(name) > 0 &&
-        manifest_.steps[name].file == output &&
+    const bool recorded = manifest_.steps.count(name) > 0;
+    const bool stale_inputs = upstream_changed_;
+    if (!stale_inputs && recorded && manifest_.steps[name].file == output &&
         VerifyFile(path, manifest_.steps[name].digest).ok()) {
       absl::StatusOr<int64_t> bytes =
           verify ? verify() : absl::StatusOr<int64_t>(manifest_.steps[name].digest.bytes);
@@ -65,15 +66,19 @@ class Pipeline {
         result.skipped = true;
         result.bytes = *bytes;
         result.detail = "complete and verified";
-        std::fprintf(stderr, "datastore build: %s: complete and verified, skipped\n",
-                     name.c_str());
+        std::fprintf(stderr, "datastore build: %s: complete and verified, skipped\n", name.c_str());
         results_.push_back(result);
         return absl::OkStatus();
       }
     }
-    // Recomputing: this step's and every later step's recorded outputs are stale.
+    // Recomputing: this step's and every later step's recorded outputs are stale. An output we
+    // recorded that no longer verifies, or one made from stale inputs, is removed first so the
+    // step cannot adopt it; a partial output is kept (resumed) unless its inputs changed.
     upstream_changed_ = true;
     manifest_.steps.erase(name);
+    std::error_code ignored;
+    if (recorded || stale_inputs) fs::remove(path, ignored);
+    if (stale_inputs) fs::remove(PartialPath(path), ignored);
     const absl::Time begin = absl::Now();
     ASSIGN_OR_RETURN(result.detail, run());
     result.seconds = absl::ToDoubleSeconds(absl::Now() - begin);
@@ -91,15 +96,6 @@ class Pipeline {
     return absl::OkStatus();
   }
 
-  // Removes a stale output (and its partial file) of a step that must recompute.
-  void RemoveStale(const std::string& output) {
-    if (!upstream_changed_) return;
-    std::error_code ignored;
-    fs::remove(Join(options_.out_dir, output), ignored);
-    fs::remove(PartialPath(Join(options_.out_dir, output)), ignored);
-  }
-
-  bool upstream_changed() const { return upstream_changed_; }
   std::vector<StepResult> results() const { return results_; }
 
  private:
@@ -110,9 +106,8 @@ class Pipeline {
 };
 
 std::string KeysDetail(const KeysReport& r) {
-  return absl::StrFormat("%d x %d keys, %.0f rows/s, padding %.1f%%, resumed from row %d",
-                         r.rows, r.dim, r.rows_per_second, 100 * r.padding_fraction,
-                         r.resumed_from);
+  return absl::StrFormat("%d x %d keys, %.0f rows/s, padding %.1f%%, resumed from row %d", r.rows,
+                         r.dim, r.rows_per_second, 100 * r.padding_fraction, r.resumed_from);
 }
 
 absl::StatusOr<std::string> RunIndex(const std::string& keys_path, const ValuesFile* values,
@@ -120,11 +115,10 @@ absl::StatusOr<std::string> RunIndex(const std::string& keys_path, const ValuesF
   ASSIGN_OR_RETURN(std::unique_ptr<Hdf5KeySource> keys, Hdf5KeySource::Open(keys_path));
   ASSIGN_OR_RETURN(const IndexManifest manifest,
                    BuildIndex(*keys, values != nullptr ? &values->target : nullptr, options, dir));
-  return absl::StrCat(options.factory, ", ", manifest.total_vectors, " vectors, ",
-                      manifest.shards.size(), " shards", manifest.subset_m > 0
-                                                             ? absl::StrCat(", subset codes M=",
-                                                                            manifest.subset_m)
-                                                             : std::string());
+  return absl::StrCat(
+      options.factory, ", ", manifest.total_vectors, " vectors, ", manifest.shards.size(),
+      " shards",
+      manifest.subset_m > 0 ? absl::StrCat(", subset codes M=", manifest.subset_m) : std::string());
 }
 
 }  // namespace
@@ -140,17 +134,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& toke
   return Tokenizer::FromSerialized(std::move(loaded.tokenizer));
 }
 
-absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer,
-                                           ValuesBuildOptions options) {
+absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer, ValuesBuildOptions options) {
   options.tokenizer.vocab_size = tokenizer.vocab_size();
   options.tokenizer.bos_id = tokenizer.bos_id();
   options.tokenizer.pad_id = tokenizer.pad_id();
   options.tokenizer.eos_id = tokenizer.eos_id();
   options.tokenizer.unk_id = tokenizer.unk_id();
   options.tokenizer.sha256 = Sha256Hex(tokenizer.serialized());
-  return BuildValues(options, [&tokenizer](absl::string_view text) {
-    return tokenizer.Encode(text);
-  });
+  return BuildValues(options,
+                     [&tokenizer](absl::string_view text) { return tokenizer.Encode(text); });
 }
 
 absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& options) {
@@ -191,7 +183,6 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
   for (const KeyKind kind : {KeyKind::kTokens, KeyKind::kSentences}) {
     const bool tokens = kind == KeyKind::kTokens;
     const std::string file = tokens ? kKeysFileName : kSentenceKeysFileName;
-    pipeline.RemoveStale(file);
     RETURN_IF_ERROR(pipeline.Step(tokens ? "keys" : "sentence_keys", file,
                                   [&]() -> absl::StatusOr<std::string> {
                                     KeysStepOptions step;
