@@ -17,7 +17,10 @@ THREADS=${THREADS:-2}
 # training tokens/s with passive waiting when the 2 cores are oversubscribed (docs/model.md).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
-[ -f "${CORPUS}/train.tsv" ] || CORPUS_OUT="${CORPUS}" scripts/fetch-corpus.sh
+if [ ! -f "${CORPUS}/train.tsv" ]; then
+  CORPUS=data/corpus
+  scripts/fetch-corpus.sh "${CORPUS}"
+fi
 mkdir -p data/demo models/demo runs/demo
 
 # General-domain held-out slice: every 573rd line of train.tsv (1,000 pairs), the rest trains.

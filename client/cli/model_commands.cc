@@ -2,6 +2,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "client/eval/bleu.h"
 #include "client/model/checkpoint.h"
 #include "client/tokenizer/tokenizer.h"
+#include "client/train/batching.h"
 #include "client/train/trainer.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
@@ -34,6 +36,15 @@ void ExitOnError(const absl::Status& status) {
 void SetThreads(int threads) {
   // LibTorch sets OpenMP to 1 thread on these machines: always set it explicitly.
   at::set_num_threads(threads);
+}
+
+// libgomp reads OMP_WAIT_POLICY when it is loaded, before main(): it can only be advised here.
+void AdviseWaitPolicy() {
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    std::fprintf(stderr,
+                 "note: OMP_WAIT_POLICY is unset; on a shared or busy machine "
+                 "OMP_WAIT_POLICY=PASSIVE is several times faster (docs/model.md)\n");
+  }
 }
 
 void RegisterTokenizer(CLI::App& app) {
@@ -103,6 +114,7 @@ void RegisterTrain(CLI::App& app) {
     o->model.encoder_heads = o->model.decoder_heads = *heads;
     o->model.encoder_ffn_dim = o->model.decoder_ffn_dim = *ffn;
     o->model.encoder_normalize_before = o->model.decoder_normalize_before = *pre_norm;
+    AdviseWaitPolicy();
     ExitOnError(train::Train(*o));
   });
 }
@@ -117,11 +129,11 @@ struct TranslateFlags {
 };
 
 void RunTranslate(const TranslateFlags& flags) {
+  AdviseWaitPolicy();
   SetThreads(flags.threads);
   absl::StatusOr<model::LoadedModel> loaded = model::LoadCheckpoint(flags.model_path);
   ExitOnError(loaded.status());
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-      Tokenizer::FromSerialized(loaded->tokenizer);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = model::MakeTokenizer(*loaded);
   ExitOnError(tokenizer.status());
   const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
   absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
@@ -207,6 +219,79 @@ void RegisterEvaluate(CLI::App& app) {
   cmd->callback([flags] { RunEvaluate(*flags); });
 }
 
+struct BenchFlags {
+  std::string model_path;
+  std::string tsv;
+  int64_t sentences = 200;
+  std::vector<int64_t> batch_sizes = {1, 16, 64};
+  int beam = 5;
+  int64_t feature_max_tokens = 4096;
+  int threads = 2;
+};
+
+// Decoding speed at several batch sizes and teacher-forced feature extraction speed, printed
+// as a Markdown table (docs/model.md).
+void RunBench(const BenchFlags& flags) {
+  AdviseWaitPolicy();
+  SetThreads(flags.threads);
+  absl::StatusOr<model::LoadedModel> loaded = model::LoadCheckpoint(flags.model_path);
+  ExitOnError(loaded.status());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = model::MakeTokenizer(*loaded);
+  ExitOnError(tokenizer.status());
+  absl::StatusOr<std::vector<data::SentencePair>> pairs = data::ReadTsv(flags.tsv, flags.sentences);
+  ExitOnError(pairs.status());
+  std::vector<std::string> sources;
+  for (const auto& p : *pairs) sources.push_back(p.source);
+
+  std::printf("| what | batch | beam | sentences | sentences/s | tokens/s |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (int64_t batch : flags.batch_sizes) {
+    decode::SearchOptions search;
+    search.beam_size = flags.beam;
+    decode::TranslateStats stats;
+    const absl::Time start = absl::Now();
+    ExitOnError(decode::TranslateTexts(loaded->model, **tokenizer, sources, search, batch, &stats)
+                    .status());
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::printf("| decode | %lld | %d | %lld | %.2f | %.1f |\n", static_cast<long long>(batch),
+                flags.beam, static_cast<long long>(stats.sentences), stats.sentences / seconds,
+                stats.generated_tokens / seconds);
+    std::fflush(stdout);
+  }
+  absl::StatusOr<std::vector<train::Example>> examples =
+      train::EncodePairs(**tokenizer, *pairs, loaded->model->config().max_target_positions - 1,
+                         1, nullptr);
+  ExitOnError(examples.status());
+  torch::NoGradGuard no_grad;
+  int64_t tokens = 0;
+  const absl::Time start = absl::Now();
+  for (const auto& indices : train::MakeBatches(*examples, flags.feature_max_tokens, 0)) {
+    train::TensorBatch batch = train::Collate(*examples, indices, loaded->model->config().pad_id,
+                                              loaded->model->config().eos_id);
+    loaded->model->Decode(batch.prev_tokens, loaded->model->Encode(batch.src));
+    tokens += batch.target_tokens;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("| features (teacher-forced) | <=%lld tokens | - | %zu | %.2f | %.1f |\n",
+              static_cast<long long>(flags.feature_max_tokens), examples->size(),
+              examples->size() / seconds, tokens / seconds);
+}
+
+void RegisterBench(CLI::App& model) {
+  auto flags = std::make_shared<BenchFlags>();
+  CLI::App* cmd = model.add_subcommand(
+      "bench", "decoding tokens/s at several batch sizes and feature extraction tokens/s");
+  cmd->add_option("--model", flags->model_path, "checkpoint (.pt)")->required();
+  cmd->add_option("--tsv", flags->tsv, "source<TAB>target pairs")->required();
+  cmd->add_option("--sentences", flags->sentences, "first N pairs")->capture_default_str();
+  cmd->add_option("--batch-sizes", flags->batch_sizes)->capture_default_str();
+  cmd->add_option("--beam", flags->beam)->capture_default_str();
+  cmd->add_option("--feature-max-tokens", flags->feature_max_tokens, "tokens per feature batch")
+      ->capture_default_str();
+  cmd->add_option("--threads", flags->threads)->capture_default_str();
+  cmd->callback([flags] { RunBench(*flags); });
+}
+
 void RegisterModel(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("model", "inspect and export checkpoints");
   cmd->require_subcommand(1);
@@ -222,8 +307,9 @@ void RegisterModel(CLI::App& app) {
     absl::StatusOr<model::LoadedModel> loaded = model::LoadCheckpoint(*in);
     ExitOnError(loaded.status());
     ExitOnError(model::SaveCheckpoint(*out, loaded->model, loaded->tokenizer, nullptr,
-                                      *fp16 ? torch::kHalf : torch::kFloat));
+                                      *fp16 ? torch::kHalf : torch::kFloat, loaded->vocab));
   });
+  RegisterBench(*cmd);
   CLI::App* info = cmd->add_subcommand("info", "print a checkpoint's config and sizes");
   info->add_option("--checkpoint", *in)->required();
   info->callback([in] {

@@ -106,6 +106,42 @@ absl::Status CopyParameters(TransformerModel& model,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::string>> StringList(const c10::IValue& value,
+                                                   absl::string_view what) {
+  if (!value.isList()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: '", what, "' is not a list"));
+  }
+  std::vector<std::string> out;
+  for (const c10::IValue& item : value.toListRef()) {
+    if (!item.isString()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: '", what, "' holds a non-string"));
+    }
+    out.push_back(item.toStringRef());
+  }
+  return out;
+}
+
+absl::StatusOr<Vocabulary> ParseVocab(const c10::IValue& value) {
+  if (!value.isGenericDict()) return absl::InvalidArgumentError("checkpoint: 'vocab' not a dict");
+  const c10::impl::GenericDict dict = value.toGenericDict();
+  Vocabulary vocab;
+  ASSIGN_OR_RETURN(c10::IValue source, Get(dict, "source"));
+  ASSIGN_OR_RETURN(c10::IValue target, Get(dict, "target"));
+  ASSIGN_OR_RETURN(vocab.source, StringList(source, "vocab.source"));
+  ASSIGN_OR_RETURN(vocab.target, StringList(target, "vocab.target"));
+  return vocab;
+}
+
+c10::impl::GenericDict VocabDict(const Vocabulary& vocab) {
+  c10::impl::GenericDict dict = MakeStringDict();
+  c10::List<std::string> source, target;
+  for (const std::string& s : vocab.source) source.push_back(s);
+  for (const std::string& s : vocab.target) target.push_back(s);
+  dict.insert("source", source);
+  dict.insert("target", target);
+  return dict;
+}
+
 absl::StatusOr<LoadedModel> Parse(const c10::IValue& root) {
   if (!root.isGenericDict()) return absl::InvalidArgumentError("checkpoint is not a dict");
   const c10::impl::GenericDict dict = root.toGenericDict();
@@ -134,6 +170,13 @@ absl::StatusOr<LoadedModel> Parse(const c10::IValue& root) {
   if (!tokenizer.isTensor()) return absl::InvalidArgumentError("checkpoint tokenizer not bytes");
   loaded.tokenizer = TensorToBytes(tokenizer.toTensor());
 
+  if (auto it = dict.find("vocab"); it != dict.end()) {
+    ASSIGN_OR_RETURN(loaded.vocab, ParseVocab(it->value()));
+    if (static_cast<int64_t>(loaded.vocab.source.size()) != config.src_vocab_size ||
+        static_cast<int64_t>(loaded.vocab.target.size()) != config.tgt_vocab_size) {
+      return absl::InvalidArgumentError("checkpoint vocabulary sizes differ from the model's");
+    }
+  }
   if (auto it = dict.find("trainer"); it != dict.end() && it->value().isGenericDict()) {
     const c10::impl::GenericDict trainer = it->value().toGenericDict();
     ASSIGN_OR_RETURN(c10::IValue state, Get(trainer, "state"));
@@ -180,7 +223,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
 
 absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
                             const std::string& tokenizer, const TrainerState* trainer,
-                            torch::Dtype dtype) {
+                            torch::Dtype dtype, const Vocabulary& vocab) {
   if (dtype != torch::kFloat && dtype != torch::kHalf) {
     return absl::InvalidArgumentError("checkpoint dtype must be float32 or float16");
   }
@@ -195,6 +238,7 @@ absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
       params.insert(name, tensor.detach().cpu().to(dtype).contiguous());
     }
     root.insert("model", params);
+    if (!vocab.empty()) root.insert("vocab", VocabDict(vocab));
     if (trainer != nullptr) {
       c10::impl::GenericDict trainer_dict = MakeStringDict();
       trainer_dict.insert("state", trainer->json);
@@ -206,6 +250,13 @@ absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("saving checkpoint ", path, ": ", e.what_without_backtrace()));
   }
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const LoadedModel& loaded) {
+  if (loaded.tokenizer.empty()) {
+    return absl::FailedPreconditionError("the checkpoint holds no tokenizer model");
+  }
+  return Tokenizer::FromSerialized(loaded.tokenizer, loaded.vocab);
 }
 
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& path) {

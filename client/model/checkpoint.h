@@ -6,7 +6,8 @@
 //    "tokenizer": uint8 tensor (the SentencePiece .model bytes; may be empty),
 //    "model": {fairseq parameter name: tensor} (a shared tensor is stored once, under its
 //              first name, e.g. encoder.embed_tokens.weight),
-//    "trainer": {"state": <JSON>, "tensors": {name: tensor}}   (training checkpoints only)}
+//    "trainer": {"state": <JSON>, "tensors": {name: tensor}}   (training checkpoints only),
+//    "vocab": {"source": [symbols], "target": [symbols]}        (converted fairseq models only)}
 //
 // Files are written atomically (temp file, fsync, rename, fsync of the directory): a crash
 // leaves the previous checkpoint intact, never a half-written one.
@@ -22,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/model/transformer.h"
+#include "client/tokenizer/tokenizer.h"
 
 namespace knnserve::model {
 
@@ -35,13 +37,17 @@ struct TrainerState {
 struct LoadedModel {
   TransformerModel model{nullptr};  // float32, CPU, eval mode
   std::string tokenizer;            // serialized SentencePiece model, "" if none stored
+  Vocabulary vocab;                 // empty unless the model's ids are a fairseq dictionary's
   std::optional<TrainerState> trainer;
 };
 
-// Saves `model`'s parameters converted to `dtype` (kFloat or kHalf).
+// The tokenizer stored with the model, mapping to the model's ids.
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const LoadedModel& loaded);
+
+// Saves `model`'s parameters converted to `dtype` (kFloat or kHalf); `trainer` may be null.
 absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
                             const std::string& tokenizer, const TrainerState* trainer,
-                            torch::Dtype dtype = torch::kFloat);
+                            torch::Dtype dtype = torch::kFloat, const Vocabulary& vocab = {});
 
 // Loads a checkpoint; every model parameter must be present with the right shape, and no
 // unknown parameter may be present (the error names it).

@@ -22,6 +22,14 @@ class ProcessorImpl : public Processor {
   std::string Decode(const std::vector<int>& ids, std::string* text) const override {
     return ErrorOf(processor_.Decode(ids, text));
   }
+  std::string EncodePieces(const std::string& text,
+                           std::vector<std::string>* pieces) const override {
+    return ErrorOf(processor_.Encode(text, pieces));
+  }
+  std::string DecodePieces(const std::vector<std::string>& pieces,
+                           std::string* text) const override {
+    return ErrorOf(processor_.Decode(pieces, text));
+  }
   int PieceSize() const override { return processor_.GetPieceSize(); }
   std::string IdToPiece(int id) const override { return processor_.IdToPiece(id); }
   int pad_id() const override { return processor_.pad_id(); }

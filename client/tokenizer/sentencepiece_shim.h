@@ -31,6 +31,10 @@ class Processor {
   virtual std::string LoadFromSerialized(const std::string& serialized_model) = 0;
   virtual std::string Encode(const std::string& text, std::vector<int>* ids) const = 0;
   virtual std::string Decode(const std::vector<int>& ids, std::string* text) const = 0;
+  virtual std::string EncodePieces(const std::string& text,
+                                   std::vector<std::string>* pieces) const = 0;
+  virtual std::string DecodePieces(const std::vector<std::string>& pieces,
+                                   std::string* text) const = 0;
   virtual int PieceSize() const = 0;
   virtual std::string IdToPiece(int id) const = 0;
   virtual int pad_id() const = 0;

@@ -155,8 +155,13 @@ absl::Status TrainTokenizer(const TokenizerTrainOptions& options) {
   return absl::OkStatus();
 }
 
-Tokenizer::Tokenizer(std::string serialized, std::unique_ptr<spm_shim::Processor> processor)
-    : serialized_(std::move(serialized)), processor_(std::move(processor)) {}
+Tokenizer::Tokenizer(std::string serialized, std::unique_ptr<spm_shim::Processor> processor,
+                     Vocabulary vocab)
+    : serialized_(std::move(serialized)), processor_(std::move(processor)), vocab_(std::move(vocab)) {
+  for (size_t i = 0; i < vocab_.source.size(); ++i) {
+    source_ids_.emplace(vocab_.source[i], static_cast<int>(i));  // first occurrence wins
+  }
+}
 
 Tokenizer::~Tokenizer() = default;
 
@@ -165,25 +170,45 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
   return FromSerialized(std::move(serialized));
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSerialized(std::string serialized) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSerialized(std::string serialized,
+                                                                     Vocabulary vocab) {
   ASSIGN_OR_RETURN(const spm_shim::Library* library, Library());
   std::unique_ptr<spm_shim::Processor> processor = library->NewProcessor();
   const std::string error = processor->LoadFromSerialized(serialized);
   if (!error.empty()) return absl::InvalidArgumentError(error);
-  if (processor->bos_id() != kBos || processor->pad_id() != kPad ||
-      processor->eos_id() != kEos || processor->unk_id() != kUnk) {
+  if (!vocab.empty()) {
+    for (const auto* symbols : {&vocab.source, &vocab.target}) {
+      if (symbols->size() < 4 || (*symbols)[kBos] != "<s>" || (*symbols)[kPad] != "<pad>" ||
+          (*symbols)[kEos] != "</s>" || (*symbols)[kUnk] != "<unk>") {
+        return absl::InvalidArgumentError(
+            "model vocabulary must start with <s> <pad> </s> <unk> (fairseq's dictionary order)");
+      }
+    }
+  } else if (processor->bos_id() != kBos || processor->pad_id() != kPad ||
+             processor->eos_id() != kEos || processor->unk_id() != kUnk) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tokenizer special ids must be bos=0 pad=1 eos=2 unk=3 (fairseq's order), got bos=",
         processor->bos_id(), " pad=", processor->pad_id(), " eos=", processor->eos_id(),
         " unk=", processor->unk_id()));
   }
-  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(serialized), std::move(processor)));
+  return std::unique_ptr<Tokenizer>(
+      new Tokenizer(std::move(serialized), std::move(processor), std::move(vocab)));
 }
 
 absl::StatusOr<std::vector<int>> Tokenizer::Encode(absl::string_view text) const {
   std::vector<int> ids;
-  const std::string error = processor_->Encode(std::string(text), &ids);
+  if (vocab_.empty()) {
+    const std::string error = processor_->Encode(std::string(text), &ids);
+    if (!error.empty()) return absl::InvalidArgumentError(error);
+    return ids;
+  }
+  std::vector<std::string> pieces;
+  const std::string error = processor_->EncodePieces(std::string(text), &pieces);
   if (!error.empty()) return absl::InvalidArgumentError(error);
+  for (const std::string& piece : pieces) {
+    auto it = source_ids_.find(piece);
+    ids.push_back(it == source_ids_.end() ? kUnk : it->second);
+  }
   return ids;
 }
 
@@ -198,13 +223,24 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int> ids) const {
     if (id != kPad && id != kBos && id != kEos) kept.push_back(id);
   }
   std::string text;
-  const std::string error = processor_->Decode(kept, &text);
+  std::string error;
+  if (vocab_.empty()) {
+    error = processor_->Decode(kept, &text);
+  } else {
+    std::vector<std::string> pieces;
+    for (int id : kept) pieces.push_back(vocab_.target[id]);
+    error = processor_->DecodePieces(pieces, &text);
+  }
   if (!error.empty()) return absl::InvalidArgumentError(error);
   return text;
 }
 
-std::string Tokenizer::IdToPiece(int id) const { return processor_->IdToPiece(id); }
+std::string Tokenizer::IdToPiece(int id) const {
+  return vocab_.empty() ? processor_->IdToPiece(id) : vocab_.target.at(id);
+}
 
-int Tokenizer::vocab_size() const { return processor_->PieceSize(); }
+int Tokenizer::vocab_size() const {
+  return vocab_.empty() ? processor_->PieceSize() : static_cast<int>(vocab_.target.size());
+}
 
 }  // namespace knnserve

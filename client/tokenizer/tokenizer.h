@@ -1,13 +1,16 @@
 // SentencePiece subword tokenizer: training from a parallel TSV and encode/decode.
 //
 // Special ids follow fairseq's dictionary convention, so that our models and fairseq models
-// agree: <s>=0, <pad>=1, </s>=2, <unk>=3.
+// agree: <s>=0, <pad>=1, </s>=2, <unk>=3. Models trained here use the SentencePiece ids
+// directly; converted fairseq models carry their dictionaries (a Vocabulary) and the tokenizer
+// maps pieces to those ids.
 #ifndef KNNSERVE_CLIENT_TOKENIZER_TOKENIZER_H_
 #define KNNSERVE_CLIENT_TOKENIZER_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,21 +41,33 @@ struct TokenizerTrainOptions {
 // Trains a joint source/target SentencePiece model.
 absl::Status TrainTokenizer(const TokenizerTrainOptions& options);
 
+// The symbols of a model's source and target ids when they are not the SentencePiece ids
+// (fairseq dictionaries, which start with <s> <pad> </s> <unk>). Empty: SentencePiece ids.
+struct Vocabulary {
+  std::vector<std::string> source;
+  std::vector<std::string> target;
+  bool empty() const { return source.empty() && target.empty(); }
+};
+
 // Thread-safe: all methods are const after creation.
 class Tokenizer {
  public:
   // `path` is a SentencePiece .model file.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
-  // `serialized` is the content of a .model file (as embedded in checkpoints).
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerialized(std::string serialized);
+  // `serialized` is the content of a .model file (as embedded in checkpoints); `vocab` maps
+  // pieces to model ids (Encode uses the source symbols, Decode the target symbols).
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerialized(std::string serialized,
+                                                                   Vocabulary vocab = {});
   ~Tokenizer();
 
-  // Subword ids of `text`, without BOS/EOS.
+  // Source-side model ids of `text`, without BOS/EOS (unknown pieces map to <unk>).
   absl::StatusOr<std::vector<int>> Encode(absl::string_view text) const;
-  // Detokenized text; special ids (pad, bos, eos) are skipped.
+  // Detokenized text of target-side model ids; special ids (pad, bos, eos) are skipped.
   absl::StatusOr<std::string> Decode(absl::Span<const int> ids) const;
+  // The target-side symbol of `id`.
   std::string IdToPiece(int id) const;
 
+  // Number of target-side ids.
   int vocab_size() const;
   int pad_id() const { return kPad; }
   int bos_id() const { return kBos; }
@@ -67,10 +82,13 @@ class Tokenizer {
   static constexpr int kUnk = 3;
 
  private:
-  Tokenizer(std::string serialized, std::unique_ptr<spm_shim::Processor> processor);
+  Tokenizer(std::string serialized, std::unique_ptr<spm_shim::Processor> processor,
+            Vocabulary vocab);
 
   const std::string serialized_;
   const std::unique_ptr<spm_shim::Processor> processor_;
+  const Vocabulary vocab_;
+  std::unordered_map<std::string, int> source_ids_;  // piece -> id, when vocab_ is set
 };
 
 }  // namespace knnserve
