@@ -141,18 +141,20 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
       // Interleave the two (3 rounds each) so that load from other processes hits both alike.
       double ours = 1e30, theirs = 1e30;
       for (int round = 0; round < 3; ++round) {
-        ours = std::min(ours, TimeBest(1, [&] {
-          for (int c = 0; c < calls; ++c) {
-            auto r = index->Search({queries.row((c * batch) % 768), batch, dim}, params);
-            Check(r.status());
-          }
-        }));
+        ours = std::min(
+            ours, TimeBest(1, [&] {
+              for (int c = 0; c < calls; ++c) {
+                auto r = index->Search({queries.row((c * batch) % 768), batch, dim}, params);
+                Check(r.status());
+              }
+            }));
         theirs = std::min(theirs, TimeBest(1, [&] {
-          omp_set_num_threads(threads);
-          for (int c = 0; c < calls; ++c) {
-            raw.search(batch, queries.row((c * batch) % 768), k, dist.data(), ids.data(), &ivf);
-          }
-        }));
+                            omp_set_num_threads(threads);
+                            for (int c = 0; c < calls; ++c) {
+                              raw.search(batch, queries.row((c * batch) % 768), k, dist.data(),
+                                         ids.data(), &ivf);
+                            }
+                          }));
       }
       std::printf("| %d | %d | %.0f | %.0f | %.3f |\n", k, batch, total / ours, total / theirs,
                   theirs / ours);
@@ -227,14 +229,17 @@ void BenchAdc(int64_t vectors, int dim, int m, int threads) {
   const Matrix<float> queries = Clustered(64, dim, 4, 3);
   const double bw1 = MemoryBandwidth(1);
   const double bwn = MemoryBandwidth(threads);
-  std::printf("\n### b) subset ADC: M = %d (d %d after transform), %lld codes (%.0f MiB), "
-              "sentences of 10..50 tokens, k 64\n\n",
-              m, dim, static_cast<long long>(vectors), vectors * m / 1048576.0);
-  std::printf("memory read bandwidth (sum over 1 GiB): %.1f GB/s 1 thread, %.1f GB/s %d threads"
-              "; ADC kernel: %s\n\n",
-              bw1, bwn, threads, std::string(AdcKernelName(BestAdcKernel())).c_str());
-  std::printf("| subset | threads | ours Mcodes/s | faiss Mcodes/s | ours / faiss | ours GB/s "
-              "| %% of bandwidth |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n### b) subset ADC: M = %d (d %d after transform), %lld codes (%.0f MiB), "
+      "sentences of 10..50 tokens, k 64\n\n",
+      m, dim, static_cast<long long>(vectors), vectors * m / 1048576.0);
+  std::printf(
+      "memory read bandwidth (sum over 1 GiB): %.1f GB/s 1 thread, %.1f GB/s %d threads"
+      "; ADC kernel: %s\n\n",
+      bw1, bwn, threads, std::string(AdcKernelName(BestAdcKernel())).c_str());
+  std::printf(
+      "| subset | threads | ours Mcodes/s | faiss Mcodes/s | ours / faiss | ours GB/s "
+      "| %% of bandwidth |\n|---|---|---|---|---|---|---|\n");
   std::mt19937_64 rng(6);
   for (int64_t subset_sentences : {int64_t{1000}, int64_t{10000}, sentences / 2}) {
     for (int t : {1, threads}) {
@@ -270,9 +275,8 @@ void BenchAdc(int64_t vectors, int dim, int m, int threads) {
       const double ours_rate = subset_codes / ours;
       const double gbs = ours_rate * m / 1e9;
       std::printf("| %lld sentences (%.1f MiB/group) | %d | %.0f | %.0f | %.2f | %.1f | %.0f%% |\n",
-                  static_cast<long long>(subset_sentences),
-                  subset_codes / t * m / 1048576.0, t, ours_rate / 1e6,
-                  subset_codes / theirs / 1e6, theirs / ours, gbs,
+                  static_cast<long long>(subset_sentences), subset_codes / t * m / 1048576.0, t,
+                  ours_rate / 1e6, subset_codes / theirs / 1e6, theirs / ours, gbs,
                   100 * gbs / (t == 1 ? bw1 : bwn));
       std::fflush(stdout);
     }
@@ -293,14 +297,16 @@ void BenchAdc(int64_t vectors, int dim, int m, int threads) {
     omp_set_num_threads(1);
     std::vector<float> d(64);
     std::vector<faiss::Index::idx_t> i(64);
-    const double theirs = TimeBest(2, [&] { index.search(1, queries.data(), 64, d.data(), i.data()); });
+    const double theirs =
+        TimeBest(2, [&] { index.search(1, queries.data(), 64, d.data(), i.data()); });
     const double ours = TimeBest(2, [&] {
       Check(adc->SearchSubset({queries.data(), 1, dim}, all, std::vector<int32_t>{0}, 64).status());
     });
-    std::printf("\nfull scan of all %lld codes, 1 thread, 1 query: ours %.0f Mcodes/s, faiss "
-                "IndexPQ::search %.0f Mcodes/s (ours / faiss %.2f)\n",
-                static_cast<long long>(vectors), vectors / ours / 1e6, vectors / theirs / 1e6,
-                theirs / ours);
+    std::printf(
+        "\nfull scan of all %lld codes, 1 thread, 1 query: ours %.0f Mcodes/s, faiss "
+        "IndexPQ::search %.0f Mcodes/s (ours / faiss %.2f)\n",
+        static_cast<long long>(vectors), vectors / ours / 1e6, vectors / theirs / 1e6,
+        theirs / ours);
   }
 
   // c) beam sharing: 5 rows sharing one group vs 1 row, 1 thread.
@@ -316,8 +322,8 @@ void BenchAdc(int64_t vectors, int dim, int m, int threads) {
     SubsetCodes codes = s.codes;
     auto adc = *SubsetAdc::Create(s.codebook, Metric::kL2, std::move(codes), {1});
     const double one = TimeBest(5, [&] {
-      Check(adc->SearchSubset({queries.data(), 1, dim}, group, std::vector<int32_t>{0}, 64)
-                .status());
+      Check(
+          adc->SearchSubset({queries.data(), 1, dim}, group, std::vector<int32_t>{0}, 64).status());
     });
     const double five = TimeBest(5, [&] {
       Check(adc->SearchSubset({queries.data(), 5, dim}, group, std::vector<int32_t>(5, 0), 64)

@@ -162,9 +162,8 @@ absl::StatusOr<std::vector<uint8_t>> ReadVerifiedFile(const std::string& path,
   Sha256 sha;
   sha.Update(bytes->data(), bytes->size());
   if (const std::string actual = sha.HexDigest(); actual != expected.sha256) {
-    return absl::DataLossError(absl::StrCat(path, " has sha256 ", actual,
-                                            ", the manifest says ", expected.sha256,
-                                            " (corrupted?)"));
+    return absl::DataLossError(absl::StrCat(path, " has sha256 ", actual, ", the manifest says ",
+                                            expected.sha256, " (corrupted?)"));
   }
   return bytes;
 }

@@ -32,8 +32,8 @@ T ValueOrExit(absl::StatusOr<T> value) {
 Metric ParseMetric(const std::string& name) {
   if (name == "l2" || name == "L2") return Metric::kL2;
   if (name == "ip" || name == "inner_product") return Metric::kInnerProduct;
-  ExitOnError(absl::InvalidArgumentError(
-      absl::StrCat("--metric must be l2 or ip, got \"", name, "\"")));
+  ExitOnError(
+      absl::InvalidArgumentError(absl::StrCat("--metric must be l2 or ip, got \"", name, "\"")));
   return Metric::kL2;
 }
 
@@ -54,8 +54,8 @@ void RunBuild(BuildFlags& f) {
   }
   std::fprintf(stderr, "index build: %lld keys of dimension %d (%s) -> %s, \"%s\", %d shards\n",
                static_cast<long long>(keys->rows()), keys->dim(),
-               keys->is_fp16() ? "float16" : "float32", f.out.c_str(),
-               f.options.factory.c_str(), f.options.shards);
+               keys->is_fp16() ? "float16" : "float32", f.out.c_str(), f.options.factory.c_str(),
+               f.options.shards);
   const IndexManifest manifest = ValueOrExit(BuildIndex(*keys, values.get(), f.options, f.out));
   std::printf("%s", manifest.ToJson().c_str());
 }
@@ -85,9 +85,8 @@ std::vector<int64_t> ParseSentences(const std::string& text) {
 }
 
 void RunSearch(const SearchFlags& f) {
-  std::unique_ptr<SearchEngine> engine =
-      ValueOrExit(f.shard < 0 ? CreateLocalEngine(f.dir, f.engine)
-                              : CreateEngine(f.dir, f.shard, f.engine));
+  std::unique_ptr<SearchEngine> engine = ValueOrExit(
+      f.shard < 0 ? CreateLocalEngine(f.dir, f.engine) : CreateEngine(f.dir, f.shard, f.engine));
   std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
   const int64_t rows = std::min(f.rows, source->rows());
   SearchQuery query;
@@ -154,8 +153,7 @@ void RegisterIndexCommands(CLI::App& app) {
   s->add_option("dir", search->dir, "index directory")->required();
   s->add_option("--queries", search->queries, "HDF5 file with /keys [n, d] (e.g. keys.h5)")
       ->required();
-  s->add_option("--rows", search->rows, "first rows of --queries to search")
-      ->capture_default_str();
+  s->add_option("--rows", search->rows, "first rows of --queries to search")->capture_default_str();
   s->add_option("--k", search->params.k, "neighbours")->capture_default_str();
   s->add_option("--nprobe", search->params.nprobe, "IVF lists probed (0: index default)")
       ->capture_default_str();

@@ -41,8 +41,7 @@ void ScanAvx2(const float* const* luts, int num_queries, const uint8_t* codes, i
         const __m256i base = _mm256_add_epi32(
             lane, _mm256_set1_epi32(16 * c + 8 * h));  // sub-quantizer of each lane
         const __m128i b8 = h == 0 ? b : _mm_srli_si128(b, 8);
-        index[2 * c + h] =
-            _mm256_add_epi32(_mm256_slli_epi32(base, 8), _mm256_cvtepu8_epi32(b8));
+        index[2 * c + h] = _mm256_add_epi32(_mm256_slli_epi32(base, 8), _mm256_cvtepu8_epi32(b8));
       }
     }
     for (int q = 0; q < num_queries; ++q) {

@@ -10,9 +10,9 @@ namespace {
 
 // Canonical tree: (j + 8), (j + 4), (j + 2), (j + 1).
 inline float Reduce(__m512 acc) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
-                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(
-                                      _mm512_castps_pd(acc), 1)));
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_castps512_ps256(acc),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
@@ -41,8 +41,8 @@ void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes,
       for (int c = 0; c < chunks - 1; ++c) {
         acc = _mm512_add_ps(acc, _mm512_i32gather_ps(index[c], lut, 4));
       }
-      acc = _mm512_add_ps(acc, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail,
-                                                        index[chunks - 1], lut, 4));
+      acc = _mm512_add_ps(
+          acc, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), tail, index[chunks - 1], lut, 4));
       out[q * n + i] = Reduce(acc);
     }
   }

@@ -19,8 +19,7 @@ constexpr int64_t kBlock = 1024;
 
 absl::Status CheckCodes(const PqCodebook& codebook, const SubsetCodes& codes) {
   if (codebook.m < 1 || codebook.m > kMaxAdcM || codebook.dsub < 1 ||
-      codebook.centroids.size() !=
-          static_cast<size_t>(codebook.m) * kLutSize * codebook.dsub) {
+      codebook.centroids.size() != static_cast<size_t>(codebook.m) * kLutSize * codebook.dsub) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PQ codebook: m = ", codebook.m, " (1..", kMaxAdcM, "), dsub = ", codebook.dsub,
         ", centroids ", codebook.centroids.size(), " floats"));
@@ -76,9 +75,8 @@ void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
   }
 }
 
-absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries,
-                               const SubsetGroups& groups, absl::Span<const int32_t> row_group,
-                               int k) {
+absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries, const SubsetGroups& groups,
+                               absl::Span<const int32_t> row_group, int k) {
   if (queries.cols != dim) {
     return absl::InvalidArgumentError(absl::StrCat("subset queries have dimension ", queries.cols,
                                                    ", the PQ codebook has ", dim));
@@ -99,15 +97,14 @@ absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries,
 }
 
 struct SubsetAdc::Scratch {
-  std::vector<float> luts;        // kMaxQueriesPerPass x m x 256
-  std::vector<float> distances;   // kMaxQueriesPerPass x kBlock
+  std::vector<float> luts;       // kMaxQueriesPerPass x m x 256
+  std::vector<float> distances;  // kMaxQueriesPerPass x kBlock
   std::vector<std::vector<Candidate>> heaps;
   std::vector<std::pair<int64_t, int64_t>> ranges;  // local token ranges to scan
 };
 
 absl::StatusOr<std::unique_ptr<SubsetAdc>> SubsetAdc::Create(PqCodebook codebook, Metric metric,
-                                                             SubsetCodes codes,
-                                                             Options options) {
+                                                             SubsetCodes codes, Options options) {
   RETURN_IF_ERROR(CheckCodes(codebook, codes));
   if (options.threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads = ", options.threads));
@@ -188,8 +185,7 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
   return result;
 }
 
-int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries,
-                               absl::Span<const int64_t> sentences,
+int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
                                absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                Neighbors& out) const {
   SubsetRanges(codes_, sentences, scratch.ranges);

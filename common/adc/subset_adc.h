@@ -46,9 +46,8 @@ void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
 
 // The argument checks of SubsetAdc::SearchSubset (and its GPU twin): queries have `dim`
 // columns, k > 0, one row_group entry per query row, each naming an existing group.
-absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries,
-                               const SubsetGroups& groups, absl::Span<const int32_t> row_group,
-                               int k);
+absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries, const SubsetGroups& groups,
+                               absl::Span<const int32_t> row_group, int k);
 
 // The neighbours of a subset search (global token ids) and how many codes were scanned.
 struct SubsetResult {
@@ -60,8 +59,8 @@ struct SubsetResult {
 class SubsetAdc {
  public:
   struct Options {
-    int threads = 1;                      // OpenMP threads across subset groups
-    AdcKernel kernel = BestAdcKernel();   // must be supported by this CPU
+    int threads = 1;                     // OpenMP threads across subset groups
+    AdcKernel kernel = BestAdcKernel();  // must be supported by this CPU
   };
 
   // Checks that the codes match the codebook and the offsets are consistent.

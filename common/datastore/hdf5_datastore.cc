@@ -91,8 +91,7 @@ absl::StatusOr<std::unique_ptr<Hdf5KeySource>> Hdf5KeySource::Open(const std::st
     space.getSimpleExtentDims(dims);
     const H5::DataType type = handles->keys.getDataType();
     if (type.getClass() != H5T_FLOAT || (type.getSize() != 2 && type.getSize() != 4)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": /keys must be float16 or float32"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": /keys must be float16 or float32"));
     }
     source.reset(new Hdf5KeySource(path, std::move(handles), static_cast<int64_t>(dims[0]),
                                    static_cast<int>(dims[1]), type.getSize() == 2));
@@ -104,26 +103,25 @@ absl::StatusOr<std::unique_ptr<Hdf5KeySource>> Hdf5KeySource::Open(const std::st
 absl::Status Hdf5KeySource::Read(int64_t begin, int64_t end, float* out) const {
   KNNSERVE_CHECK(0 <= begin && begin <= end && end <= rows_, "row range out of bounds");
   if (begin == end) return absl::OkStatus();
-  return Guard(path_, absl::StrCat("read /keys rows [", begin, ", ", end, ")"),
-               [&]() -> absl::Status {
-                 const hsize_t count[2] = {static_cast<hsize_t>(end - begin),
-                                           static_cast<hsize_t>(dim_)};
-                 const hsize_t start[2] = {static_cast<hsize_t>(begin), 0};
-                 H5::DataSpace file_space = handles_->keys.getSpace();
-                 file_space.selectHyperslab(H5S_SELECT_SET, count, start);
-                 H5::DataSpace mem_space(2, count);
-                 const size_t n = count[0] * count[1];
-                 if (fp16_) {
-                   // Read the halves raw and widen them with F16C: much faster than HDF5's
-                   // soft float conversion.
-                   std::vector<uint16_t> halves(n);
-                   handles_->keys.read(halves.data(), HalfType(), mem_space, file_space);
-                   HalvesToFloats(halves.data(), n, out);
-                 } else {
-                   handles_->keys.read(out, H5::PredType::NATIVE_FLOAT, mem_space, file_space);
-                 }
-                 return absl::OkStatus();
-               });
+  return Guard(
+      path_, absl::StrCat("read /keys rows [", begin, ", ", end, ")"), [&]() -> absl::Status {
+        const hsize_t count[2] = {static_cast<hsize_t>(end - begin), static_cast<hsize_t>(dim_)};
+        const hsize_t start[2] = {static_cast<hsize_t>(begin), 0};
+        H5::DataSpace file_space = handles_->keys.getSpace();
+        file_space.selectHyperslab(H5S_SELECT_SET, count, start);
+        H5::DataSpace mem_space(2, count);
+        const size_t n = count[0] * count[1];
+        if (fp16_) {
+          // Read the halves raw and widen them with F16C: much faster than HDF5's
+          // soft float conversion.
+          std::vector<uint16_t> halves(n);
+          handles_->keys.read(halves.data(), HalfType(), mem_space, file_space);
+          HalvesToFloats(halves.data(), n, out);
+        } else {
+          handles_->keys.read(out, H5::PredType::NATIVE_FLOAT, mem_space, file_space);
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<DatastoreValues> ReadValuesHdf5(const std::string& path) {

@@ -37,9 +37,8 @@ absl::Status CheckOptions(const KeySource& keys, const DatastoreValues* values,
           "values hold ", values->tokens.size(), " tokens but keys hold ", keys.rows(), " rows"));
     }
     if (values->num_sentences() < o.shards) {
-      return absl::InvalidArgumentError(absl::StrCat(values->num_sentences(),
-                                                     " sentences cannot fill ", o.shards,
-                                                     " shards"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(values->num_sentences(), " sentences cannot fill ", o.shards, " shards"));
     }
   }
   return absl::OkStatus();
@@ -118,9 +117,9 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreV
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   auto path = [&out_dir](const std::string& file) { return absl::StrCat(out_dir, "/", file); };
 
-  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> trained,
-                   FaissIndex::Create(options.factory, keys.dim(), options.metric,
-                                      options.threads));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<FaissIndex> trained,
+      FaissIndex::Create(options.factory, keys.dim(), options.metric, options.threads));
   if (options.opq_iterations > 0) trained->SetOpqIterations(options.opq_iterations);
   std::unique_ptr<SubsetQuantizer> quantizer;
   {
@@ -128,8 +127,8 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreV
     if (!trained->is_trained()) RETURN_IF_ERROR(trained->Train(sample.view()));
     const int subset_m = options.subset_m > 0 ? options.subset_m : trained->pq_m();
     if (values != nullptr && subset_m > 0) {
-      ASSIGN_OR_RETURN(quantizer, SubsetQuantizer::Train(*trained, subset_m, sample.view(),
-                                                         options.threads));
+      ASSIGN_OR_RETURN(quantizer,
+                       SubsetQuantizer::Train(*trained, subset_m, sample.view(), options.threads));
     }
   }
 

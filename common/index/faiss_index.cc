@@ -124,9 +124,8 @@ void NormaliseRows(Metric metric, Neighbors& out) {
       if (id[j] < 0) d[j] = WorstDistance(metric);
     }
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      return RanksBefore(metric, d[a], id[a], d[b], id[b]);
-    });
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return RanksBefore(metric, d[a], id[a], d[b], id[b]); });
     for (int j = 0; j < out.k; ++j) {
       dist[j] = d[order[j]];
       ids[j] = id[order[j]];
@@ -174,12 +173,12 @@ class CompactInvertedLists : public faiss::ReadOnlyInvertedLists {
 
 absl::StatusOr<FileDigest> SaveFaiss(const faiss::Index* index, const std::string& path) {
   faiss::VectorIOWriter writer;
-  absl::Status s = Guard(absl::StrCat("write_index ", path), 1,
-                         [&] { faiss::write_index(index, &writer); });
+  absl::Status s =
+      Guard(absl::StrCat("write_index ", path), 1, [&] { faiss::write_index(index, &writer); });
   if (!s.ok()) return s;
   return WriteFileAtomically(
-      path, absl::string_view(reinterpret_cast<const char*>(writer.data.data()),
-                              writer.data.size()));
+      path,
+      absl::string_view(reinterpret_cast<const char*>(writer.data.data()), writer.data.size()));
 }
 
 absl::StatusOr<std::unique_ptr<faiss::Index>> ReadFaiss(std::vector<uint8_t> bytes) {
@@ -198,21 +197,20 @@ FaissIndex::FaissIndex(std::unique_ptr<faiss::Index> index, int threads)
 
 FaissIndex::~FaissIndex() = default;
 
-absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Create(const std::string& factory,
-                                                               int dim, Metric metric,
-                                                               int threads) {
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Create(const std::string& factory, int dim,
+                                                               Metric metric, int threads) {
   if (absl::Status s = CheckThreads(threads); !s.ok()) return s;
   if (dim <= 0) return absl::InvalidArgumentError(absl::StrCat("index dimension ", dim));
   std::unique_ptr<faiss::Index> index;
-  absl::Status s = Guard(absl::StrCat("index_factory(", dim, ", \"", factory, "\")"), threads,
-                         [&] { index.reset(faiss::index_factory(dim, factory.c_str(),
-                                                                ToFaiss(metric))); });
+  absl::Status s = Guard(absl::StrCat("index_factory(", dim, ", \"", factory, "\")"), threads, [&] {
+    index.reset(faiss::index_factory(dim, factory.c_str(), ToFaiss(metric)));
+  });
   if (!s.ok()) return s;
   // index_factory turns on polysemous training for IVFPQ: a simulated-annealing reordering of
   // the codebook that only polysemous (Hamming-filtered) search uses, and which dominates the
   // training time. knnserve never searches in polysemous mode.
-  if (auto* ivfpq = dynamic_cast<faiss::IndexIVFPQ*>(
-          const_cast<faiss::Index*>(Unwrap(index.get())))) {
+  if (auto* ivfpq =
+          dynamic_cast<faiss::IndexIVFPQ*>(const_cast<faiss::Index*>(Unwrap(index.get())))) {
     ivfpq->do_polysemous_training = false;
   }
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(index), threads));
@@ -283,8 +281,8 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
   // 1.7.3 does not know every index type (IVF with an HNSW quantizer), while every type the
   // shards are stored in round-trips by definition.
   faiss::VectorIOWriter writer;
-  RETURN_IF_ERROR(Guard("serialize trained index", 1, [&] { faiss::write_index(index_.get(),
-                                                                              &writer); }));
+  RETURN_IF_ERROR(
+      Guard("serialize trained index", 1, [&] { faiss::write_index(index_.get(), &writer); }));
   ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(std::move(writer.data)));
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
 }
@@ -356,8 +354,8 @@ absl::StatusOr<std::unique_ptr<SubsetQuantizer>> SubsetQuantizer::Train(
   const int dim = pre != nullptr ? pre->index->d : base->d;
   if (m <= 0 || dim % m != 0) {
     return absl::InvalidArgumentError(absl::StrCat("subset PQ: ", m,
-                                                   " sub-quantizers do not divide dimension ",
-                                                   dim, " (after the index's transform)"));
+                                                   " sub-quantizers do not divide dimension ", dim,
+                                                   " (after the index's transform)"));
   }
   if (sample.rows < PqCodebook::kCentroids) {
     return absl::InvalidArgumentError(absl::StrCat("subset PQ needs at least ",

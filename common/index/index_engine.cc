@@ -20,9 +20,8 @@ absl::StatusOr<std::vector<uint8_t>> ReadChecked(const std::string& dir, const M
 
 absl::Status CheckQuery(const EngineInfo& info, const SearchQuery& query) {
   if (query.queries.cols() != info.dim) {
-    return absl::InvalidArgumentError(absl::StrCat("queries have dimension ",
-                                                   query.queries.cols(), ", the index has ",
-                                                   info.dim));
+    return absl::InvalidArgumentError(absl::StrCat("queries have dimension ", query.queries.cols(),
+                                                   ", the index has ", info.dim));
   }
   return CheckFinite(query.queries, "queries");
 }
@@ -51,8 +50,8 @@ class ShardEngine : public SearchEngine {
       }
       ASSIGN_OR_RETURN(Matrix<float> transformed, quantizer_->Transform(query.queries.view()));
       ASSIGN_OR_RETURN(SubsetResult subset,
-                       adc_->SearchSubset(transformed.view(), *query.subset_groups,
-                                          query.row_group, query.params.k));
+                       adc_->SearchSubset(transformed.view(), *query.subset_groups, query.row_group,
+                                          query.params.k));
       result.neighbors = std::move(subset.neighbors);
       result.vectors_searched = subset.vectors_scanned;
     } else {
@@ -128,8 +127,7 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
                    FaissIndex::Deserialize(std::move(bytes), options.threads));
   RETURN_IF_ERROR(index->CompactIds());  // codes + 4 bytes per vector while serving
   const int64_t rows = shard.id_end - shard.id_begin;
-  if (index->dim() != manifest.dim || index->metric() != manifest.metric ||
-      index->size() != rows) {
+  if (index->dim() != manifest.dim || index->metric() != manifest.metric || index->size() != rows) {
     return absl::DataLossError(absl::StrCat(where, ": dimension ", index->dim(), ", metric ",
                                             MetricName(index->metric()), ", ", index->size(),
                                             " vectors do not match the manifest"));
@@ -157,9 +155,9 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
     }
     codes.sentence_begin = shard.sentence_begin;
     codes.token_begin = shard.id_begin;
-    ASSIGN_OR_RETURN(adc, SubsetAdc::Create(quantizer->codebook(), manifest.metric,
-                                            std::move(codes),
-                                            {options.threads, options.adc_kernel}));
+    ASSIGN_OR_RETURN(adc,
+                     SubsetAdc::Create(quantizer->codebook(), manifest.metric, std::move(codes),
+                                       {options.threads, options.adc_kernel}));
   }
   EngineInfo info;
   info.dim = manifest.dim;
@@ -191,8 +189,8 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateEngine(const std::string& di
   return LoadShard(dir, manifest, shard_id, std::move(quantizer), options);
 }
 
-absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(
-    const std::string& dir, const IndexEngineOptions& options) {
+absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::string& dir,
+                                                                const IndexEngineOptions& options) {
   ASSIGN_OR_RETURN(IndexManifest manifest, ReadManifest(dir));
   ASSIGN_OR_RETURN(std::shared_ptr<const SubsetQuantizer> quantizer,
                    LoadQuantizer(dir, manifest, options));

@@ -27,8 +27,8 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateEngine(const std::string& di
 
 // All shards of the index in `dir` in one engine: each search runs on every shard and the
 // results are merged with MergeTopK (equal to one unsharded index, exactly for Flat).
-absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(
-    const std::string& dir, const IndexEngineOptions& options);
+absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::string& dir,
+                                                                const IndexEngineOptions& options);
 
 }  // namespace knnserve
 

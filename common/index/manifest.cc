@@ -43,8 +43,8 @@ absl::Status Check(const IndexManifest& m, const std::string& source) {
                  "), expected to start at ", next_id);
     }
     if (shard.sentence_begin != next_sentence || shard.sentence_end < shard.sentence_begin) {
-      return bad("shard ", s, " covers sentences [", shard.sentence_begin, ", ",
-                 shard.sentence_end, "), expected to start at ", next_sentence);
+      return bad("shard ", s, " covers sentences [", shard.sentence_begin, ", ", shard.sentence_end,
+                 "), expected to start at ", next_sentence);
     }
     if (m.subset_quantizer.has_value() != shard.subset_codes.has_value()) {
       return bad("shard ", s, " subset codes do not match the subset quantizer's presence");
@@ -98,8 +98,8 @@ absl::StatusOr<IndexManifest> IndexManifest::FromJson(const std::string& text,
       return absl::DataLossError(absl::StrCat(source, ": not a knnserve index manifest"));
     }
     if (const int version = j.at("version").get<int>(); version != kVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          source, ": manifest version ", version, ", this build reads ", kVersion));
+      return absl::FailedPreconditionError(
+          absl::StrCat(source, ": manifest version ", version, ", this build reads ", kVersion));
     }
     m.factory = j.at("factory").get<std::string>();
     const std::string metric = j.at("metric").get<std::string>();

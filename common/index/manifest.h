@@ -33,8 +33,8 @@ struct ShardManifest {
   int64_t id_end = 0;
   int64_t sentence_begin = 0;  // sentences [sentence_begin, sentence_end); both 0 without values
   int64_t sentence_end = 0;
-  ManifestFile index;                       // faiss write_index format, local ids 0..n-1
-  std::optional<ManifestFile> values;       // int32 value per token (shard_data.h)
+  ManifestFile index;                        // faiss write_index format, local ids 0..n-1
+  std::optional<ManifestFile> values;        // int32 value per token (shard_data.h)
   std::optional<ManifestFile> subset_codes;  // PQ codes of the sentences (shard_data.h)
 };
 
@@ -52,8 +52,7 @@ struct IndexManifest {
 
   std::string ToJson() const;
   // Parses and checks consistency (contiguous shard ranges covering [0, total_vectors)).
-  static absl::StatusOr<IndexManifest> FromJson(const std::string& json,
-                                                const std::string& source);
+  static absl::StatusOr<IndexManifest> FromJson(const std::string& json, const std::string& source);
 };
 
 absl::StatusOr<IndexManifest> ReadManifest(const std::string& dir);

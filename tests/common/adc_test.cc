@@ -1,5 +1,3 @@
-#include "common/adc/subset_adc.h"
-
 #include <omp.h>
 
 #include <algorithm>
@@ -8,6 +6,7 @@
 #include <random>
 
 #include "common/adc/adc_kernels.h"
+#include "common/adc/subset_adc.h"
 #include "common/status_matchers.h"
 #include "faiss/IndexPQ.h"
 #include "gmock/gmock.h"
@@ -107,9 +106,8 @@ TEST(SubsetAdc, DistancesEqualFaissPqWithinTolerance) {
       groups[0].push_back(s);
     }
     const std::vector<int32_t> row_group(kQ, 0);
-    ASSERT_OK_AND_ASSIGN(
-        SubsetResult got,
-        adc->SearchSubset({f.queries.data(), kQ, 32}, groups, row_group, static_cast<int>(kN)));
+    ASSERT_OK_AND_ASSIGN(SubsetResult got, adc->SearchSubset({f.queries.data(), kQ, 32}, groups,
+                                                             row_group, static_cast<int>(kN)));
     EXPECT_EQ(got.vectors_scanned, kN);
     std::vector<float> dist(kQ * kN);
     std::vector<faiss::Index::idx_t> ids(kQ * kN);
@@ -136,7 +134,8 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
   MakePq(Metric::kL2, f, kN, 6);
   std::vector<int64_t> offsets = {0};
   std::mt19937_64 rng(9);
-  while (offsets.back() < kN) offsets.push_back(std::min<int64_t>(kN, offsets.back() + 1 + rng() % 30));
+  while (offsets.back() < kN)
+    offsets.push_back(std::min<int64_t>(kN, offsets.back() + 1 + rng() % 30));
   const int64_t sentences = offsets.size() - 1;
   // This slice holds global sentences [100, 100 + sentences), tokens from 5000.
   PqCodebook codebook{8, 4, f.index.pq.centroids};
@@ -178,8 +177,8 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
       }
       EXPECT_NEAR(r.neighbors.distances[row * kK + j], want[j].first, 1e-4 * want[j].first);
       const int64_t id = r.neighbors.ids[row * kK + j];
-      EXPECT_TRUE(std::any_of(want.begin(), want.end(),
-                              [id](const auto& c) { return c.second == id; }))
+      EXPECT_TRUE(
+          std::any_of(want.begin(), want.end(), [id](const auto& c) { return c.second == id; }))
           << "row " << row << " returned id " << id << " outside its subset";
     }
   }
@@ -205,10 +204,10 @@ TEST(SubsetAdc, BeamSharingEqualsSeparateGroups) {
   SubsetGroups separate(11, subset);
   std::vector<int32_t> all_zero(11, 0), own(11);
   for (int i = 0; i < 11; ++i) own[i] = i;
-  ASSERT_OK_AND_ASSIGN(SubsetResult a, adc->SearchSubset({f.queries.data(), 11, 32}, shared,
-                                                         all_zero, 7));
-  ASSERT_OK_AND_ASSIGN(SubsetResult b, adc->SearchSubset({f.queries.data(), 11, 32}, separate,
-                                                         own, 7));
+  ASSERT_OK_AND_ASSIGN(SubsetResult a,
+                       adc->SearchSubset({f.queries.data(), 11, 32}, shared, all_zero, 7));
+  ASSERT_OK_AND_ASSIGN(SubsetResult b,
+                       adc->SearchSubset({f.queries.data(), 11, 32}, separate, own, 7));
   EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
   EXPECT_EQ(a.neighbors.distances, b.neighbors.distances);
   EXPECT_EQ(a.vectors_scanned * 11, b.vectors_scanned);

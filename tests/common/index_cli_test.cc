@@ -42,7 +42,7 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
 
   const std::string built =
       RunCli({"index", "build", "--keys", dir + "/keys.h5", "--values", dir + "/values.h5",
-           "--factory", "IVF4,PQ4", "--shards", "2", "--out", dir + "/index", "--threads", "1"});
+              "--factory", "IVF4,PQ4", "--shards", "2", "--out", dir + "/index", "--threads", "1"});
   EXPECT_THAT(built, HasSubstr("\"factory\": \"IVF4,PQ4\""));
   EXPECT_TRUE(std::filesystem::exists(dir + "/index/manifest.json"));
 
@@ -51,13 +51,13 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
   EXPECT_THAT(info, HasSubstr("shard-00001.subset"));
 
   const std::string full = RunCli({"index", "search", dir + "/index", "--queries", dir + "/keys.h5",
-                                "--rows", "3", "--k", "4", "--nprobe", "4"});
+                                   "--rows", "3", "--k", "4", "--nprobe", "4"});
   EXPECT_THAT(full, HasSubstr("# 3 queries, k 4, 600 vectors searched"));
   // Row 0 is a stored key: its nearest neighbour is itself (id 0).
   EXPECT_THAT(full, HasSubstr("query 0\n  0 0 " + std::to_string(ds.values.tokens[0]) + " "));
 
   const std::string subset = RunCli({"index", "search", dir + "/index", "--queries",
-                                  dir + "/keys.h5", "--rows", "1", "--subset", "0,1"});
+                                     dir + "/keys.h5", "--rows", "1", "--subset", "0,1"});
   const int64_t subset_tokens = ds.values.offsets[2];
   EXPECT_THAT(subset, HasSubstr(absl::StrCat(subset_tokens, " vectors searched")));
 }

@@ -1,10 +1,10 @@
 #include "common/index/index_engine.h"
 
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <fstream>
-#include <map>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -63,7 +63,8 @@ const std::string& Built(const std::string& factory, int shards) {
   auto [it, inserted] = built->try_emplace({factory, shards});
   if (inserted) {
     std::string name = absl::StrCat("built_", factory, "_", shards);
-    std::replace_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }, '_');
+    std::replace_if(
+        name.begin(), name.end(), [](char c) { return !std::isalnum(c); }, '_');
     it->second = Build(name, factory, shards);
   }
   return it->second;
@@ -80,7 +81,8 @@ std::vector<int64_t> BruteForce(const float* q, int k) {
   std::vector<std::pair<float, int64_t>> all(kRows);
   for (int64_t i = 0; i < kRows; ++i) {
     float d = 0;
-    for (int j = 0; j < kDim; ++j) d += (q[j] - Data().keys.at(i, j)) * (q[j] - Data().keys.at(i, j));
+    for (int j = 0; j < kDim; ++j)
+      d += (q[j] - Data().keys.at(i, j)) * (q[j] - Data().keys.at(i, j));
     all[i] = {d, i};
   }
   std::partial_sort(all.begin(), all.begin() + k, all.end());
@@ -188,8 +190,8 @@ TEST(IndexEngine, SingleShardEngineReturnsGlobalIdsOfItsRange) {
     EXPECT_LT(r.neighbors.ids[i], info.id_end);
     EXPECT_EQ(r.neighbors.values[i], Data().values.tokens[r.neighbors.ids[i]]);
   }
-  EXPECT_THAT(CreateEngine(dir, 4, {}), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                 HasSubstr("shard 4")));
+  EXPECT_THAT(CreateEngine(dir, 4, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shard 4")));
 }
 
 TEST(IndexEngine, RejectsWrongDimensionAndNaNQueries) {
@@ -254,7 +256,8 @@ TEST(IndexEngine, SubsetSearchReturnsOnlySubsetTokensWithValues) {
         const int64_t id = r.neighbors.ids[row * 8 + j];
         ASSERT_TRUE(allowed.count(id)) << "row " << row << " id " << id;
         EXPECT_EQ(r.neighbors.values[row * 8 + j], Data().values.tokens[id]);
-        if (j > 0) EXPECT_LE(r.neighbors.distances[row * 8 + j - 1], r.neighbors.distances[row * 8 + j]);
+        if (j > 0)
+          EXPECT_LE(r.neighbors.distances[row * 8 + j - 1], r.neighbors.distances[row * 8 + j]);
       }
     }
   }

@@ -78,8 +78,8 @@ TEST(ShardData, RoundTripsAndRefusesBadHeaders) {
   c[16] = '\x7f';  // num_sentences' low byte: the header no longer matches the payload
   EXPECT_THAT(ParseSubsetCodes(bytes(c), "y.subset"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("y.subset")));
-  EXPECT_THAT(ParseValues(bytes(c), "z"), StatusIs(absl::StatusCode::kDataLoss,
-                                                  HasSubstr("not a KNSVALS1")));
+  EXPECT_THAT(ParseValues(bytes(c), "z"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a KNSVALS1")));
 }
 
 TEST(Hdf5Datastore, KeysRoundTripFloat32AndFloat16) {

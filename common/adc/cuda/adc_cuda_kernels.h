@@ -23,9 +23,9 @@ std::string FreeDevice(void* device);
 // keep ascending ids) and copies the first k distances and ids of each row to the host
 // (k <= total). All pointers except the outputs are device pointers.
 std::string SubsetAdcSearch(const float* luts, int num_queries, const uint8_t* codes, int m_count,
-                            const int64_t* range_begin, const int64_t* range_prefix,
-                            int num_ranges, int64_t total, bool inner_product, int k,
-                            float* host_distances, int64_t* host_ids);
+                            const int64_t* range_begin, const int64_t* range_prefix, int num_ranges,
+                            int64_t total, bool inner_product, int k, float* host_distances,
+                            int64_t* host_ids);
 
 }  // namespace knnserve::cuda
 

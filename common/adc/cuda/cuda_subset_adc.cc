@@ -45,8 +45,8 @@ absl::StatusOr<std::unique_ptr<CudaSubsetAdc>> CudaSubsetAdc::Create(
     std::shared_ptr<const SubsetAdc> cpu) {
   const std::vector<uint8_t>& codes = cpu->codes().codes;
   void* device = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cuda::CopyToDevice(codes.data(), codes.size(), &device),
-                             "copy subset codes"));
+  RETURN_IF_ERROR(
+      CudaStatus(cuda::CopyToDevice(codes.data(), codes.size(), &device), "copy subset codes"));
   return std::unique_ptr<CudaSubsetAdc>(new CudaSubsetAdc(std::move(cpu), device));
 }
 
@@ -93,12 +93,11 @@ absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(MatrixView<const float>
     std::vector<float> distances(rows.size() * kept);
     std::vector<int64_t> ids(rows.size() * kept);
     RETURN_IF_ERROR(CudaStatus(
-        cuda::SubsetAdcSearch(device_luts.get<float>(), static_cast<int>(rows.size()),
-                              static_cast<const uint8_t*>(device_codes_), codebook.m,
-                              device_begins.get<int64_t>(), device_prefix.get<int64_t>(),
-                              static_cast<int>(ranges.size()), total,
-                              cpu_->metric() == Metric::kInnerProduct, kept, distances.data(),
-                              ids.data()),
+        cuda::SubsetAdcSearch(
+            device_luts.get<float>(), static_cast<int>(rows.size()),
+            static_cast<const uint8_t*>(device_codes_), codebook.m, device_begins.get<int64_t>(),
+            device_prefix.get<int64_t>(), static_cast<int>(ranges.size()), total,
+            cpu_->metric() == Metric::kInnerProduct, kept, distances.data(), ids.data()),
         "subset ADC search"));
     for (size_t q = 0; q < rows.size(); ++q) {
       for (int j = 0; j < kept; ++j) {
