@@ -45,15 +45,16 @@ absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows
 
 int64_t RequestLimits::MaxMessageBytes(int dim) const {
   const int64_t query_bytes = int64_t{max_rows} * dim * 4;
-  const int64_t subset_bytes = int64_t{max_rows} * max_subset_sentences * 10;  // varints
+  const int64_t subset_bytes = max_total_subset_sentences * 10;  // varints of at most 10 bytes
   const int64_t result_bytes = int64_t{max_rows} * max_k * (4 + 10 + 5);
-  return std::max({query_bytes, subset_bytes, result_bytes}) + kEnvelopeBytes;
+  return std::max(query_bytes + subset_bytes, result_bytes) + kEnvelopeBytes;
 }
 
 void RequestLimits::ToProto(int dim, v1::Limits* limits) const {
   limits->set_max_k(max_k);
   limits->set_max_rows(max_rows);
   limits->set_max_subset_sentences(max_subset_sentences);
+  limits->set_max_total_subset_sentences(max_total_subset_sentences);
   limits->set_max_message_bytes(MaxMessageBytes(dim));
 }
 
@@ -83,6 +84,13 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
   if (groups.size() > limits.max_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "subset_groups: ", groups.size(), " groups; at most ", limits.max_rows));
+  }
+  int64_t total = 0;
+  for (const v1::SubsetGroup& group : groups) total += group.sentence_ids_size();
+  if (total > limits.max_total_subset_sentences) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("subset_groups: ", total, " sentence ids in all; at most ",
+                     limits.max_total_subset_sentences, " per request"));
   }
   SubsetGroups parsed;
   parsed.reserve(groups.size());

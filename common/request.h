@@ -21,11 +21,12 @@ namespace knnserve {
 struct RequestLimits {
   int max_k = 1024;
   int max_rows = 4096;
-  int max_subset_sentences = 65536;
+  int max_subset_sentences = 65536;         // per group
+  int64_t max_total_subset_sentences = 1 << 20;  // over all groups of one request
 
   // The largest request or response message for index dimension `dim`: a full fp32 query
-  // matrix, or max_rows subset groups of max_subset_sentences ids, or a full result, plus
-  // 64 KiB for the envelope. Servers pass it to gRPC as the max message size.
+  // matrix plus max_total_subset_sentences ids, or a full result, plus 64 KiB for the
+  // envelope (about 26 MB at d = 1024). Servers pass it to gRPC as the max message size.
   int64_t MaxMessageBytes(int dim) const;
   void ToProto(int dim, v1::Limits* limits) const;
 };

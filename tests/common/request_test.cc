@@ -162,8 +162,16 @@ INSTANTIATE_TEST_SUITE_P(
                 "holds no subset codes"}),
     [](const auto& info) { return info.param.name; });
 
-TEST(RequestLimits, MessageSizeCoversAFullQueryMatrix) {
+TEST(ParseSearchRequest, RejectsMoreSubsetIdsInAllThanTheRequestLimit) {
+  RequestLimits limits;
+  limits.max_total_subset_sentences = 3;
+  EXPECT_THAT(ParseSearchRequest(ValidSubsetRequest(), kShape, limits),
+              StatusIs(kInvalid, HasSubstr("4 sentence ids in all; at most 3 per request")));
+}
+
+TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndFitsGrpc) {
   EXPECT_GE(kLimits.MaxMessageBytes(1024), int64_t{4096} * 1024 * 4);
+  EXPECT_LT(kLimits.MaxMessageBytes(4096), int64_t{1} << 31);  // gRPC takes an int
   v1::Limits limits;
   kLimits.ToProto(512, &limits);
   EXPECT_EQ(limits.max_k(), 1024);
