@@ -20,12 +20,12 @@ namespace {
 
 const char kPython[] = "/usr/bin/python3";
 
-int Run(const std::string& command) { return std::system(command.c_str()); }
+int RunCommand(const std::string& command) { return std::system(command.c_str()); }
 
 class ConverterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (Run(absl::StrCat(kPython, " -c 'import torch' 2>/dev/null")) != 0) {
+    if (RunCommand(absl::StrCat(kPython, " -c 'import torch' 2>/dev/null")) != 0) {
       GTEST_SKIP() << "Debian's python3-torch is not installed";
     }
     dir_ = std::filesystem::path(::testing::TempDir()) /
@@ -42,7 +42,7 @@ class ConverterTest : public ::testing::Test {
     std::ofstream pieces(dir_ / "pieces.txt");
     for (int id = 4; id < spm_->vocab_size(); ++id) pieces << spm_->IdToPiece(id) << "\n";
     pieces.close();
-    ASSERT_EQ(Run(absl::StrCat(kPython, " ", KNNSERVE_SOURCE_DIR,
+    ASSERT_EQ(RunCommand(absl::StrCat(kPython, " ", KNNSERVE_SOURCE_DIR,
                                "/tests/client/make_fairseq_checkpoint.py ", Path("pieces.txt"),
                                " ", dir_.string())),
               0);
@@ -50,7 +50,7 @@ class ConverterTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   int Convert(const std::string& src_dict, const std::string& out) {
-    return Run(absl::StrCat(kPython, " ", KNNSERVE_SOURCE_DIR, "/tools/convert_fairseq.py",
+    return RunCommand(absl::StrCat(kPython, " ", KNNSERVE_SOURCE_DIR, "/tools/convert_fairseq.py",
                             " --checkpoint ", Path("fairseq.pt"), " --src-dict ", src_dict,
                             " --tgt-dict ", Path("dict.tgt.txt"), " --spm ", Path("spm.model"),
                             " --out ", out, " 2>", Path("stderr.txt")));
