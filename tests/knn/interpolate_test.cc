@@ -1,0 +1,103 @@
+// p_kNN by scatter-add and the log-space interpolation, against a direct computation.
+#include <cmath>
+#include <limits>
+
+#include "client/knn/knn_processor.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace knnserve::knn {
+namespace {
+
+using ::testing::HasSubstr;
+
+Neighbors MakeNeighbors(int64_t rows, int k, std::vector<float> distances,
+                        std::vector<int32_t> values) {
+  Neighbors n;
+  n.rows = rows;
+  n.k = k;
+  n.distances = std::move(distances);
+  n.values = std::move(values);
+  for (int32_t v : n.values) n.ids.push_back(v < 0 ? -1 : 100 + v);
+  return n;
+}
+
+TEST(InterpolateKnnTest, MatchesTheFormula) {
+  const torch::Tensor lp = torch::log_softmax(torch::tensor({{1.0f, 2.0f, 0.5f, -1.0f}}), 1);
+  // Two neighbours vote for token 1, one for token 3.
+  const Neighbors n = MakeNeighbors(1, 3, {1.0f, 2.0f, 4.0f}, {1, 3, 1});
+  KnnOptions options;
+  options.temperature = 2;
+  options.weight = 0.3;
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  const double w1 = std::exp(-0.5), w3 = std::exp(-1.0), w1b = std::exp(-2.0);
+  const double z = w1 + w3 + w1b;
+  const double p_knn[4] = {0, (w1 + w1b) / z, 0, w3 / z};
+  for (int y = 0; y < 4; ++y) {
+    const double expected = std::log(0.3 * p_knn[y] + 0.7 * std::exp(lp[0][y].item<double>()));
+    EXPECT_NEAR(out[0][y].item<double>(), expected, 1e-6) << "token " << y;
+  }
+  EXPECT_NEAR(out.exp().sum().item<double>(), 1.0, 1e-6);
+}
+
+TEST(InterpolateKnnTest, WeightZeroIsExactlyTheModel) {
+  const torch::Tensor lp = torch::log_softmax(torch::randn({3, 10}), 1);
+  const Neighbors n = MakeNeighbors(3, 2, {1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 5, 6});
+  KnnOptions options;
+  options.weight = 0;
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  EXPECT_TRUE(torch::equal(out, lp));
+}
+
+TEST(InterpolateKnnTest, WeightOneIsKnnAloneWithoutNaNOrInfinity) {
+  const torch::Tensor lp = torch::log_softmax(torch::randn({1, 6}), 1);
+  const Neighbors n = MakeNeighbors(1, 2, {0.0f, 1e30f}, {4, 5});
+  KnnOptions options;
+  options.weight = 1;
+  options.temperature = 1;
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  EXPECT_FALSE(out.isnan().any().item<bool>());
+  EXPECT_NEAR(out[0][4].item<double>(), 0.0, 1e-6);  // p = 1
+  EXPECT_FALSE(out.isinf().any().item<bool>());
+  EXPECT_EQ(out[0][0].item<float>(), -1e9f);  // no vote, no model share: the finite floor
+  EXPECT_EQ(out[0][5].item<float>(), -1e9f);  // exp(-1e30) underflows to nothing
+}
+
+TEST(InterpolateKnnTest, RowsWithoutUsableNeighboursKeepTheModel) {
+  const torch::Tensor lp = torch::log_softmax(torch::randn({2, 5}), 1);
+  // Row 0: only missing neighbours; row 1: beyond the threshold.
+  const Neighbors n = MakeNeighbors(2, 2, {std::numeric_limits<float>::infinity(),
+                                           std::numeric_limits<float>::infinity(), 50, 60},
+                                    {-1, -1, 2, 3});
+  KnnOptions options;
+  options.weight = 0.9;
+  options.threshold = 40;
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  EXPECT_TRUE(torch::equal(out, lp));
+}
+
+TEST(InterpolateKnnTest, RejectsMismatchedRowsAndMissingValues) {
+  const torch::Tensor lp = torch::zeros({2, 5});
+  Neighbors n = MakeNeighbors(1, 1, {1}, {1});
+  EXPECT_THAT(InterpolateKnn(lp, n, Metric::kL2, {}).status().message(),
+              HasSubstr("1 neighbour rows"));
+  n = MakeNeighbors(2, 1, {1, 1}, {1, 1});
+  n.values.clear();
+  EXPECT_THAT(InterpolateKnn(lp, n, Metric::kL2, {}).status().message(), HasSubstr("no values"));
+}
+
+TEST(KnnOptionsTest, NamesTheBadFlag) {
+  KnnOptions options;
+  options.weight = 1.5;
+  EXPECT_THAT(ValidateKnnOptions(options).message(), HasSubstr("--knn-weight"));
+  options = {};
+  options.temperature = 0;
+  EXPECT_THAT(ValidateKnnOptions(options).message(), HasSubstr("--knn-temperature"));
+  options = {};
+  options.k = 0;
+  EXPECT_THAT(ValidateKnnOptions(options).message(), HasSubstr("--knn-topk"));
+}
+
+}  // namespace
+}  // namespace knnserve::knn

@@ -1,0 +1,275 @@
+// kNN-MT wired into beam search end to end, on a tiny random model and a datastore built from
+// the test pairs themselves: embedded and remote (real shard and router servers on 127.0.0.1).
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "client/decode/search.h"
+#include "client/knn/knn_processor.h"
+#include "client/knn/local_retriever.h"
+#include "client/knn/remote_retriever.h"
+#include "client/knn/subset_selector.h"
+#include "common/index/index_engine.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/knn/knn_test_util.h"
+#include "tests/server/test_cluster.h"
+
+namespace knnserve::testing {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+std::vector<std::vector<int>> Decode(model::TransformerModel& model, const torch::Tensor& src,
+                                     decode::LogitsProcessor* processor, int beam) {
+  decode::SearchOptions options;
+  options.beam_size = beam;
+  options.processor = processor;
+  std::vector<std::vector<int>> out;
+  if (beam == 1) {
+    absl::StatusOr<std::vector<decode::Hypothesis>> hyps =
+        decode::GreedySearch(model, src, options);
+    EXPECT_OK(hyps.status());
+    for (const auto& h : *hyps) out.push_back(h.tokens);
+  } else {
+    absl::StatusOr<std::vector<std::vector<decode::Hypothesis>>> nbest =
+        decode::BeamSearch(model, src, options);
+    EXPECT_OK(nbest.status());
+    for (const auto& n : *nbest) out.push_back(n.empty() ? std::vector<int>() : n[0].tokens);
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> References(const std::vector<TokenPair>& pairs) {
+  std::vector<std::vector<int>> refs;
+  for (const TokenPair& p : pairs) refs.emplace_back(p.target.begin(), p.target.end());
+  return refs;
+}
+
+std::unique_ptr<knn::KnnLogitsProcessor> MakeProcessor(knn::Retriever* retriever,
+                                                       knn::KnnOptions options,
+                                                       knn::SubsetSelector* selector = nullptr) {
+  absl::StatusOr<std::unique_ptr<knn::KnnLogitsProcessor>> p =
+      knn::KnnLogitsProcessor::Create(retriever, options, selector);
+  EXPECT_OK(p.status());
+  return *std::move(p);
+}
+
+class KnnDecodeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new model::TransformerModel(MakeTinyModel(7));
+    pairs_ = new std::vector<TokenPair>(MakePairs(60, 11));
+    flat_ = new TestDatastore(BuildTestDatastore(*model_, *pairs_, "Flat", 2, "flat"));
+    pq_ = new TestDatastore(BuildTestDatastore(*model_, *pairs_, "PQ8np", 2, "pq"));
+  }
+  static void TearDownTestSuite() {
+    delete pq_;
+    delete flat_;
+    delete pairs_;
+    delete model_;
+  }
+
+  static std::unique_ptr<knn::LocalRetriever> Local(const TestDatastore& ds) {
+    absl::StatusOr<std::unique_ptr<knn::LocalRetriever>> r =
+        knn::LocalRetriever::Create(ds.index_dir, 1);
+    EXPECT_OK(r.status());
+    return *std::move(r);
+  }
+
+  static model::TransformerModel* model_;
+  static std::vector<TokenPair>* pairs_;
+  static TestDatastore* flat_;
+  static TestDatastore* pq_;
+};
+
+model::TransformerModel* KnnDecodeTest::model_ = nullptr;
+std::vector<TokenPair>* KnnDecodeTest::pairs_ = nullptr;
+TestDatastore* KnnDecodeTest::flat_ = nullptr;
+TestDatastore* KnnDecodeTest::pq_ = nullptr;
+
+TEST_F(KnnDecodeTest, WeightZeroReproducesBaseTranslationsExactly) {
+  const torch::Tensor src = SourceBatch(*pairs_);
+  auto retriever = Local(*flat_);
+  knn::KnnOptions options;
+  options.weight = 0;
+  options.k = 8;
+  for (int beam : {1, 5}) {
+    auto processor = MakeProcessor(retriever.get(), options);
+    EXPECT_EQ(Decode(*model_, src, processor.get(), beam), Decode(*model_, src, nullptr, beam))
+        << "beam " << beam;
+    EXPECT_GT(processor->stats().steps, 0);
+  }
+}
+
+TEST_F(KnnDecodeTest, DatastoreOfTheTestPairsReproducesTheReferences) {
+  const torch::Tensor src = SourceBatch(*pairs_);
+  const auto refs = References(*pairs_);
+  // The random model alone is far from the references; retrieval with λ = 1, k = 1 copies the
+  // value of the exact key of every reference prefix, so the output is the reference.
+  EXPECT_NE(Decode(*model_, src, nullptr, 1), refs);
+  auto retriever = Local(*flat_);
+  knn::KnnOptions options;
+  options.weight = 1;
+  options.k = 1;
+  for (int beam : {1, 5}) {
+    auto processor = MakeProcessor(retriever.get(), options);
+    EXPECT_EQ(Decode(*model_, src, processor.get(), beam), refs) << "beam " << beam;
+  }
+}
+
+TEST_F(KnnDecodeTest, SubsetOverAllSentencesEqualsFullSearch) {
+  // Full search of an exhaustive PQ index (PQ8np: 4-dim sub-quantizers, 256 centroids for ~400 keys: nearly exact) and subset
+  // ADC over every sentence scan the same
+  // codes with the same tables: the same neighbours, hence the same translations.
+  const torch::Tensor src = SourceBatch(*pairs_);
+  auto retriever = Local(*pq_);
+  ASSERT_TRUE(retriever->info().supports_subset);
+  ASSERT_OK_AND_ASSIGN(auto selector,
+                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir,
+                                                        pq_->num_sentences, 1));
+  knn::KnnOptions options;
+  options.weight = 0.7;
+  options.k = 4;
+  options.temperature = 5;
+  auto full = MakeProcessor(retriever.get(), options);
+  auto subset = MakeProcessor(retriever.get(), options, selector.get());
+  const auto full_out = Decode(*model_, src, full.get(), 5);
+  EXPECT_EQ(Decode(*model_, src, subset.get(), 5), full_out);
+  EXPECT_EQ(subset->stats().subset_sentences, pq_->num_sentences * pq_->num_sentences);
+  EXPECT_NE(full_out, Decode(*model_, src, nullptr, 5));  // retrieval changed something
+}
+
+TEST_F(KnnDecodeTest, SubsetOfTheNearestSentenceFindsTheReference) {
+  // Each source's nearest sentence embedding (AvgEnc) is its own datastore sentence, and a
+  // subset of that one sentence reproduces the reference with λ = 1, k = 1 — up to the PQ
+  // approximation, which can swap two near-identical keys of one sentence (a repeated token).
+  const torch::Tensor src = SourceBatch(*pairs_);
+  auto retriever = Local(*pq_);
+  ASSERT_OK_AND_ASSIGN(auto selector,
+                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir, 1, 1));
+  {
+    torch::NoGradGuard no_grad;
+    ASSERT_OK_AND_ASSIGN(SubsetGroups groups, selector->Select(src, (*model_)->Encode(src)));
+    for (size_t i = 0; i < groups.size(); ++i) {
+      EXPECT_THAT(groups[i], ElementsAreArray({static_cast<int64_t>(i)})) << "sentence " << i;
+    }
+  }
+  knn::KnnOptions options;
+  options.weight = 1;
+  options.k = 1;
+  auto processor = MakeProcessor(retriever.get(), options, selector.get());
+  const auto out = Decode(*model_, src, processor.get(), 1);
+  const auto refs = References(*pairs_);
+  int same = 0;
+  for (size_t i = 0; i < refs.size(); ++i) same += out[i] == refs[i];
+  EXPECT_GE(same, static_cast<int>(refs.size()) * 9 / 10);
+}
+
+// Two shards x `replicas` shard servers over an index directory, and a router in front.
+struct Cluster {
+  Cluster(const TestDatastore& ds, int replicas) {
+    for (int r = 0; r < replicas; ++r) {
+      for (int s = 0; s < 2; ++s) {
+        absl::StatusOr<std::unique_ptr<SearchEngine>> engine = CreateEngine(ds.index_dir, s, {});
+        EXPECT_OK(engine.status());
+        shards.push_back(std::make_unique<TestShard>(s, *std::move(engine)));
+        map[s].push_back(shards.back()->address());
+      }
+    }
+    router = std::make_unique<TestRouter>(map, FastRouterOptions());
+  }
+
+  std::unique_ptr<knn::RemoteRetriever> Retriever() const {
+    knn::RemoteRetrieverOptions options;
+    options.address = router->address();
+    absl::StatusOr<std::unique_ptr<knn::RemoteRetriever>> r =
+        knn::RemoteRetriever::Create(options);
+    EXPECT_OK(r.status());
+    return *std::move(r);
+  }
+
+  std::vector<std::unique_ptr<TestShard>> shards;  // shard s, replica r at r * 2 + s
+  ShardMap map;
+  std::unique_ptr<TestRouter> router;
+};
+
+TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
+  const torch::Tensor src = SourceBatch(*pairs_);
+  knn::KnnOptions options;
+  options.weight = 0.6;
+  options.k = 6;
+  options.temperature = 3;
+  for (const TestDatastore* ds : {flat_, pq_}) {
+    Cluster cluster(*ds, 1);
+    auto remote = cluster.Retriever();
+    auto local = Local(*ds);
+    EXPECT_EQ(remote->info().total_vectors, local->info().total_vectors);
+    auto remote_processor = MakeProcessor(remote.get(), options);
+    auto local_processor = MakeProcessor(local.get(), options);
+    const auto expected = Decode(*model_, src, local_processor.get(), 5);
+    EXPECT_EQ(Decode(*model_, src, remote_processor.get(), 5), expected) << ds->index_dir;
+    EXPECT_EQ(remote_processor->stats().steps, local_processor->stats().steps);
+  }
+  // Subset kNN-MT through the router: groups declared once per batch on the stream.
+  Cluster cluster(*pq_, 1);
+  auto remote = cluster.Retriever();
+  auto local = Local(*pq_);
+  ASSERT_OK_AND_ASSIGN(auto selector,
+                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir,
+                                                        8, 1));
+  auto remote_processor = MakeProcessor(remote.get(), options, selector.get());
+  auto local_processor = MakeProcessor(local.get(), options, selector.get());
+  EXPECT_EQ(Decode(*model_, src, remote_processor.get(), 5),
+            Decode(*model_, src, local_processor.get(), 5));
+}
+
+// Kills a replica once the decoding has run `at_step` steps, then lets the step go on.
+class KillingProcessor : public decode::LogitsProcessor {
+ public:
+  KillingProcessor(decode::LogitsProcessor* inner, TestShard* victim, int at_step)
+      : inner_(inner), victim_(victim), at_step_(at_step) {}
+  absl::Status BeginBatch(const torch::Tensor& src,
+                          const model::EncoderOutput& encoder_out) override {
+    return inner_->BeginBatch(src, encoder_out);
+  }
+  absl::Status Process(decode::StepContext& context) override {
+    if (steps_++ == at_step_) victim_->Kill();
+    return inner_->Process(context);
+  }
+
+ private:
+  decode::LogitsProcessor* const inner_;
+  TestShard* const victim_;
+  const int at_step_;
+  int steps_ = 0;
+};
+
+TEST_F(KnnDecodeTest, TranslationSurvivesAKilledReplica) {
+  const torch::Tensor src = SourceBatch(*pairs_);
+  knn::KnnOptions options;
+  options.weight = 0.6;
+  options.k = 6;
+  options.temperature = 3;
+  auto local = Local(*flat_);
+  auto local_processor = MakeProcessor(local.get(), options);
+  const auto expected = Decode(*model_, src, local_processor.get(), 5);
+  Cluster cluster(*flat_, 2);
+  auto remote = cluster.Retriever();
+  auto remote_processor = MakeProcessor(remote.get(), options);
+  KillingProcessor killing(remote_processor.get(), cluster.shards[1].get(), 3);
+  EXPECT_EQ(Decode(*model_, src, &killing, 5), expected);
+}
+
+TEST_F(KnnDecodeTest, RemoteStepDeadlineAndUnreachableRouterAreClearErrors) {
+  knn::RemoteRetrieverOptions options;
+  options.address = "127.0.0.1:1";
+  options.connect_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<knn::RemoteRetriever>> r = knn::RemoteRetriever::Create(options);
+  EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                   ::testing::HasSubstr("127.0.0.1:1")));
+}
+
+}  // namespace
+}  // namespace knnserve::testing
