@@ -13,6 +13,8 @@ namespace knnserve::cli {
 void RegisterIndexCommands(CLI::App& app);
 // tokenizer, train, translate, evaluate, model (client/cli/model_commands.cc).
 void RegisterModelCommands(CLI::App& app);
+// translate --mode base|knn|subset-knn, tune (client/cli/knn_commands.cc); after the above.
+void RegisterKnnCommands(CLI::App& app);
 // datastore values|keys|sentence-keys|build (client/cli/datastore_commands.cc).
 void RegisterDatastoreCommands(CLI::App& app);
 

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   // Modules register their subcommands here, one call each.
   knnserve::cli::RegisterIndexCommands(app);
   knnserve::cli::RegisterModelCommands(app);
+  knnserve::cli::RegisterKnnCommands(app);
   knnserve::cli::RegisterDatastoreCommands(app);
   CLI11_PARSE(app, argc, argv);
   return 0;

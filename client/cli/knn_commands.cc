@@ -1,0 +1,453 @@
+// kNN-MT on the command line: `knnserve translate --mode base|knn|subset-knn` (the flags are
+// added to the model module's translate command, whose callback this module takes over so that
+// every mode runs through one path) and `knnserve tune` (grid search of k, τ, λ on a dev set).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cli/commands.h"
+#include "client/data/parallel_corpus.h"
+#include "client/decode/search.h"
+#include "client/eval/bleu.h"
+#include "client/knn/knn_processor.h"
+#include "client/knn/local_retriever.h"
+#include "client/knn/provenance.h"
+#include "client/knn/remote_retriever.h"
+#include "client/knn/subset_selector.h"
+#include "client/model/checkpoint.h"
+#include "client/tokenizer/tokenizer.h"
+#include "common/progress.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace knnserve::cli {
+namespace {
+
+void ExitOnError(const absl::Status& status) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+  throw CLI::RuntimeError(1);
+}
+
+// Where retrieval happens and how: shared by translate and tune.
+struct RetrievalFlags {
+  std::string mode = "base";  // base | knn | subset-knn
+  std::string datastore;      // directory of `knnserve datastore build`
+  std::string index_dir;      // embedded: the index directory, loaded in-process
+  std::string router;         // remote: the router's host:port
+  knn::KnnOptions knn;
+  std::string knn_config;  // JSON written by `knnserve tune`; explicit flags win
+  int subset_sentences = 512;
+  std::string sentence_index;
+  knn::RemoteRetrieverOptions remote;
+  int64_t step_deadline_ms = 10000;
+};
+
+void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
+  cmd->add_option("--mode", f->mode, "base | knn | subset-knn")
+      ->check(CLI::IsMember({"base", "knn", "subset-knn"}))
+      ->capture_default_str();
+  cmd->add_option("--datastore", f->datastore,
+                  "datastore directory (`knnserve datastore build`): its sentence index and "
+                  "values; its index/ is searched in-process unless --router or --index");
+  cmd->add_option("--index", f->index_dir, "embedded retrieval: index directory (no servers)");
+  cmd->add_option("--router", f->router, "remote retrieval: router address host:port");
+  cmd->add_option("--knn-topk", f->knn.k, "neighbours per step (k)")->capture_default_str();
+  cmd->add_option("--knn-temperature", f->knn.temperature, "softmax temperature τ")
+      ->capture_default_str();
+  cmd->add_option("--knn-weight", f->knn.weight, "interpolation weight λ of p_kNN")
+      ->capture_default_str();
+  cmd->add_option("--knn-nprobe", f->knn.nprobe, "IVF lists probed (0: index default)")
+      ->capture_default_str();
+  cmd->add_option("--knn-threshold", f->knn.threshold,
+                  "ignore neighbours farther than this distance (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--knn-config", f->knn_config,
+                  "k/τ/λ from `knnserve tune` (JSON); explicit --knn-* flags win");
+  cmd->add_option("--subset-sentences", f->subset_sentences,
+                  "subset-knn: datastore sentences retrieved per source sentence")
+      ->capture_default_str();
+  cmd->add_option("--sentence-index", f->sentence_index,
+                  "subset-knn: sentence index directory (default: DATASTORE/sentence_index)");
+  cmd->add_option("--tls-ca", f->remote.tls.ca, "remote: CA that signed the router's cert");
+  cmd->add_option("--tls-cert", f->remote.tls.cert, "remote: client certificate (mTLS)");
+  cmd->add_option("--tls-key", f->remote.tls.key, "remote: client key (mTLS)");
+  cmd->add_option("--tls-server-name", f->remote.tls_server_name,
+                  "remote: name the router's certificate must carry");
+  cmd->add_option("--step-deadline-ms", f->step_deadline_ms, "remote: deadline of one step")
+      ->capture_default_str();
+  cmd->add_option("--retries", f->remote.max_retries, "remote: retries of a failed step")
+      ->capture_default_str();
+}
+
+// Fills k/τ/λ from --knn-config where the flag was not given explicitly.
+absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
+  if (f.knn_config.empty()) return absl::OkStatus();
+  std::ifstream file(f.knn_config);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot read --knn-config ", f.knn_config));
+  nlohmann::json json = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": not a JSON object"));
+  }
+  try {
+    if (cmd.count("--knn-topk") == 0 && json.contains("knn_topk")) {
+      f.knn.k = json["knn_topk"].get<int>();
+    }
+    if (cmd.count("--knn-temperature") == 0 && json.contains("knn_temperature")) {
+      f.knn.temperature = json["knn_temperature"].get<double>();
+    }
+    if (cmd.count("--knn-weight") == 0 && json.contains("knn_weight")) {
+      f.knn.weight = json["knn_weight"].get<double>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// The retriever, the subset selector and the processor of one run (all null in base mode).
+struct KnnSetup {
+  std::unique_ptr<knn::Retriever> retriever;
+  std::unique_ptr<knn::SubsetSelector> selector;
+  std::unique_ptr<knn::KnnLogitsProcessor> processor;
+};
+
+// A fresh processor with `options` over the setup's retriever (statistics start at zero).
+absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
+  ASSIGN_OR_RETURN(setup.processor, knn::KnnLogitsProcessor::Create(setup.retriever.get(), options,
+                                                                    setup.selector.get()));
+  return absl::OkStatus();
+}
+
+// Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
+// selector for subset-knn, and a processor with flags.knn.
+absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, int threads) {
+  KnnSetup setup;
+  if (flags.mode == "base") return setup;
+  if (flags.index_dir.empty() && flags.router.empty() && !flags.datastore.empty()) {
+    flags.index_dir = absl::StrCat(flags.datastore, "/index");
+  }
+  if (flags.index_dir.empty() == flags.router.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mode ", flags.mode,
+        " needs exactly one of --index DIR or --datastore DIR (embedded) or --router ADDR"));
+  }
+  if (!flags.index_dir.empty()) {
+    ASSIGN_OR_RETURN(setup.retriever, knn::LocalRetriever::Create(flags.index_dir, threads));
+  } else {
+    flags.remote.address = flags.router;
+    flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);
+    ASSIGN_OR_RETURN(setup.retriever, knn::RemoteRetriever::Create(flags.remote));
+  }
+  if (flags.mode == "subset-knn") {
+    std::string path = flags.sentence_index;
+    if (path.empty() && !flags.datastore.empty()) {
+      path = absl::StrCat(flags.datastore, "/sentence_index");
+    }
+    if (path.empty()) {
+      return absl::InvalidArgumentError(
+          "subset-knn needs the sentence index: --datastore DIR or --sentence-index DIR");
+    }
+    ASSIGN_OR_RETURN(setup.selector,
+                     knn::SentenceIndexSelector::Load(path, flags.subset_sentences, threads));
+  }
+  RETURN_IF_ERROR(ResetProcessor(flags.knn, setup));
+  return setup;
+}
+
+struct LoadedTranslator {
+  model::LoadedModel loaded;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+absl::StatusOr<LoadedTranslator> LoadTranslator(const std::string& path) {
+  LoadedTranslator t;
+  ASSIGN_OR_RETURN(t.loaded, model::LoadCheckpoint(path));
+  ASSIGN_OR_RETURN(t.tokenizer, Tokenizer::FromSerialized(t.loaded.tokenizer));
+  return t;
+}
+
+struct RunReport {
+  decode::TranslateStats stats;
+  double seconds = 0;
+  knn::KnnStats knn;
+};
+
+std::string FormatReport(const std::string& mode, const RunReport& r) {
+  std::string line = absl::StrFormat(
+      "%s: %d sentences in %.2f s: %.2f sentences/s, %.1f tokens/s", mode, r.stats.sentences,
+      r.seconds, r.stats.sentences / r.seconds, r.stats.generated_tokens / r.seconds);
+  if (r.knn.steps > 0) {
+    const double retrieval = absl::ToDoubleSeconds(r.knn.retrieval_time);
+    const double select = absl::ToDoubleSeconds(r.knn.select_time);
+    const double interpolate = absl::ToDoubleSeconds(r.knn.interpolate_time);
+    absl::StrAppendFormat(&line,
+                          "; retrieval %.2f s (%.0f%%, %d steps, %.1f rows/step), interpolation "
+                          "%.2f s (%.0f%%)",
+                          retrieval, 100 * retrieval / r.seconds, r.knn.steps,
+                          static_cast<double>(r.knn.query_rows) / r.knn.steps, interpolate,
+                          100 * interpolate / r.seconds);
+    if (r.knn.subset_sentences > 0) {
+      absl::StrAppendFormat(&line, ", subset selection %.2f s (%.0f%%, %.0f sentences/source)",
+                            select, 100 * select / r.seconds,
+                            static_cast<double>(r.knn.subset_sentences) / r.stats.sentences);
+    }
+  }
+  return line;
+}
+
+absl::StatusOr<std::vector<std::string>> Translate(LoadedTranslator& t,
+                                                   const std::vector<std::string>& sources,
+                                                   decode::SearchOptions search, int64_t batch_size,
+                                                   KnnSetup& knn, RunReport* report,
+                                                   ProgressBar* progress) {
+  search.processor = knn.processor.get();
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::vector<std::string> hyps,
+                   decode::TranslateTexts(t.loaded.model, *t.tokenizer, sources, search, batch_size,
+                                          &report->stats, progress));
+  report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (knn.processor != nullptr) report->knn = knn.processor->stats();
+  return hyps;
+}
+
+struct TranslateExtras {
+  RetrievalFlags retrieval;
+  bool print_neighbors = false;
+  int print_neighbors_k = 4;
+  std::string stats_json;
+};
+
+// Reads the model module's translate flags back from the command line.
+struct BaseTranslateFlags {
+  std::string model;
+  std::string input;
+  std::string output;
+  decode::SearchOptions search;
+  int64_t batch_size = 32;
+  int threads = 2;
+};
+
+BaseTranslateFlags ReadBaseFlags(CLI::App* cmd) {
+  BaseTranslateFlags f;
+  f.model = cmd->get_option("--model")->as<std::string>();
+  f.input = cmd->get_option("--input")->as<std::string>();
+  f.output = cmd->get_option("--output")->as<std::string>();
+  f.search.beam_size = cmd->get_option("--beam")->as<int>();
+  f.search.length_penalty = cmd->get_option("--lenpen")->as<double>();
+  f.search.max_len_a = cmd->get_option("--max-len-a")->as<double>();
+  f.search.max_len_b = cmd->get_option("--max-len-b")->as<int64_t>();
+  f.batch_size = cmd->get_option("--batch-size")->as<int64_t>();
+  f.threads = cmd->get_option("--threads")->as<int>();
+  return f;
+}
+
+void RunTranslate(CLI::App* cmd, TranslateExtras& extras) {
+  const BaseTranslateFlags base = ReadBaseFlags(cmd);
+  // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (faiss in the
+  // embedded mode runs on the same threads; the engine sets its own count per search).
+  at::set_num_threads(base.threads);
+  ExitOnError(ApplyKnnConfig(*cmd, extras.retrieval));
+  absl::StatusOr<LoadedTranslator> translator = LoadTranslator(base.model);
+  ExitOnError(translator.status());
+  absl::StatusOr<KnnSetup> knn = MakeKnn(extras.retrieval, base.threads);
+  ExitOnError(knn.status());
+  const std::string input = base.input == "-" ? "/dev/stdin" : base.input;
+  absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
+  ExitOnError(sources.status());
+  ProgressBar progress(absl::StrCat("translate (", extras.retrieval.mode, ")"),
+                       static_cast<int64_t>(sources->size()));
+  RunReport report;
+  absl::StatusOr<std::vector<std::string>> hyps =
+      Translate(*translator, *sources, base.search, base.batch_size, *knn, &report, &progress);
+  ExitOnError(hyps.status());
+  progress.Finish();
+  std::ofstream file;
+  if (base.output != "-") {
+    file.open(base.output);
+    if (!file) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", base.output)));
+  }
+  std::ostream& out = base.output == "-" ? std::cout : file;
+  for (const std::string& line : *hyps) out << line << "\n";
+  out.flush();
+  std::fprintf(stderr, "%s (beam %d, batch %lld, %d threads)\n",
+               FormatReport(extras.retrieval.mode, report).c_str(), base.search.beam_size,
+               static_cast<long long>(base.batch_size), base.threads);
+  if (!extras.stats_json.empty()) {
+    nlohmann::json json = {
+        {"mode", extras.retrieval.mode},
+        {"sentences", report.stats.sentences},
+        {"tokens", report.stats.generated_tokens},
+        {"seconds", report.seconds},
+        {"retrieval_seconds", absl::ToDoubleSeconds(report.knn.retrieval_time)},
+        {"select_seconds", absl::ToDoubleSeconds(report.knn.select_time)},
+        {"interpolate_seconds", absl::ToDoubleSeconds(report.knn.interpolate_time)},
+        {"knn_topk", extras.retrieval.knn.k},
+        {"knn_temperature", extras.retrieval.knn.temperature},
+        {"knn_weight", extras.retrieval.knn.weight}};
+    std::ofstream stats(extras.stats_json);
+    stats << json.dump(2) << "\n";
+    if (!stats) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", extras.stats_json)));
+  }
+  if (extras.print_neighbors) {
+    if (knn->processor == nullptr) {
+      ExitOnError(absl::InvalidArgumentError("--print-neighbors needs --mode knn or subset-knn"));
+    }
+    absl::StatusOr<std::unique_ptr<knn::ProvenancePrinter>> printer =
+        knn::ProvenancePrinter::Create(
+            extras.retrieval.datastore.empty() ? "" : extras.retrieval.datastore + "/values.h5");
+    ExitOnError(printer.status());
+    for (size_t i = 0; i < sources->size(); ++i) {
+      absl::StatusOr<std::string> text =
+          (*printer)->Explain(translator->loaded.model, *translator->tokenizer, (*sources)[i],
+                              (*hyps)[i], *knn->processor, extras.print_neighbors_k);
+      ExitOnError(text.status());
+      std::fprintf(stderr, "# sentence %zu\n%s", i, text->c_str());
+    }
+  }
+}
+
+void ExtendTranslate(CLI::App& app) {
+  CLI::App* cmd = app.get_subcommand("translate");
+  cmd->description("translate text: base NMT, kNN-MT or subset kNN-MT");
+  auto extras = std::make_shared<TranslateExtras>();
+  AddRetrievalFlags(cmd, &extras->retrieval);
+  cmd->add_flag("--print-neighbors", extras->print_neighbors,
+                "print, per output token, the retrieved datastore sentences (stderr)");
+  cmd->add_option("--print-neighbors-k", extras->print_neighbors_k, "neighbours printed per token")
+      ->capture_default_str();
+  cmd->add_option("--stats-json", extras->stats_json, "write the speed report as JSON");
+  cmd->callback([cmd, extras] { RunTranslate(cmd, *extras); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// tune
+
+struct TuneFlags {
+  std::string model;
+  std::string dev;
+  std::string out;
+  RetrievalFlags retrieval;
+  std::vector<int> topk = {8, 16, 32};
+  std::vector<double> temperature = {10, 100, 1000};
+  std::vector<double> weight = {0.2, 0.4, 0.6, 0.8};
+  int64_t sentences = 300;
+  int beam = 1;
+  int64_t batch_size = 32;
+  int threads = 2;
+};
+
+struct TunePoint {
+  knn::KnnOptions knn;
+  double bleu = 0;
+};
+
+void RunTune(TuneFlags& flags) {
+  at::set_num_threads(flags.threads);
+  if (flags.retrieval.mode == "base") flags.retrieval.mode = "knn";
+  absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
+  ExitOnError(translator.status());
+  std::vector<std::string> refs;
+  absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(flags.dev, &refs);
+  ExitOnError(sources.status());
+  if (refs.empty() || refs.size() != sources->size()) {
+    ExitOnError(absl::InvalidArgumentError(
+        absl::StrCat(flags.dev, ": --dev must be a TSV with references")));
+  }
+  if (flags.sentences > 0 && static_cast<size_t>(flags.sentences) < sources->size()) {
+    sources->resize(flags.sentences);  // the first N: a fixed, reproducible slice
+    refs.resize(flags.sentences);
+  }
+  decode::SearchOptions search;
+  search.beam_size = flags.beam;
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.threads);
+  ExitOnError(knn.status());
+  KnnSetup base;
+  auto score = [&](KnnSetup& setup) -> double {
+    RunReport report;
+    absl::StatusOr<std::vector<std::string>> hyps =
+        Translate(*translator, *sources, search, flags.batch_size, setup, &report, nullptr);
+    ExitOnError(hyps.status());
+    absl::StatusOr<eval::BleuScore> bleu = eval::CorpusBleu(*hyps, {refs});
+    ExitOnError(bleu.status());
+    return bleu->score;
+  };
+  const double base_bleu = score(base);
+  std::fprintf(stderr, "tune: base BLEU %.2f on %zu dev sentences\n", base_bleu, sources->size());
+  const int64_t total =
+      static_cast<int64_t>(flags.topk.size() * flags.temperature.size() * flags.weight.size());
+  ProgressBar progress("tune", total, {.unit = "configs"});
+  TunePoint best;
+  best.bleu = -1;
+  for (int k : flags.topk) {
+    for (double t : flags.temperature) {
+      for (double w : flags.weight) {
+        knn::KnnOptions options = flags.retrieval.knn;
+        options.k = k;
+        options.temperature = t;
+        options.weight = w;
+        ExitOnError(ResetProcessor(options, *knn));
+        const double bleu = score(*knn);
+        std::fprintf(stderr, "tune: k=%d temperature=%g weight=%g BLEU %.2f\n", k, t, w, bleu);
+        if (bleu > best.bleu) best = {options, bleu};
+        progress.Add(1);
+      }
+    }
+  }
+  progress.Finish();
+  nlohmann::json json = {{"knn_topk", best.knn.k},
+                         {"knn_temperature", best.knn.temperature},
+                         {"knn_weight", best.knn.weight},
+                         {"dev_bleu", best.bleu},
+                         {"dev_base_bleu", base_bleu},
+                         {"dev", flags.dev},
+                         {"dev_sentences", sources->size()},
+                         {"mode", flags.retrieval.mode},
+                         {"beam", flags.beam}};
+  ExitOnError(model::WriteFileAtomically(flags.out, json.dump(2) + "\n"));
+  std::fprintf(stderr, "tune: best k=%d temperature=%g weight=%g BLEU %.2f (base %.2f) -> %s\n",
+               best.knn.k, best.knn.temperature, best.knn.weight, best.bleu, base_bleu,
+               flags.out.c_str());
+}
+
+void RegisterTune(CLI::App& app) {
+  auto flags = std::make_shared<TuneFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "tune", "grid-search kNN-MT's k, temperature and weight by BLEU on a dev TSV");
+  cmd->add_option("--model", flags->model, "checkpoint (.pt)")->required();
+  cmd->add_option("--dev", flags->dev, "dev TSV (source<TAB>reference)")->required();
+  cmd->add_option("--out", flags->out, "where the best values go (JSON, for --knn-config)")
+      ->required();
+  AddRetrievalFlags(cmd, &flags->retrieval);
+  cmd->add_option("--grid-topk", flags->topk, "k values tried")->capture_default_str();
+  cmd->add_option("--grid-temperature", flags->temperature, "τ values tried")
+      ->capture_default_str();
+  cmd->add_option("--grid-weight", flags->weight, "λ values tried")->capture_default_str();
+  cmd->add_option("--sentences", flags->sentences, "first N dev sentences (<= 0: all)")
+      ->capture_default_str();
+  cmd->add_option("--beam", flags->beam, "beam size while tuning (1: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--batch-size", flags->batch_size)->capture_default_str();
+  cmd->add_option("--threads", flags->threads)->capture_default_str();
+  cmd->callback([flags] { RunTune(*flags); });
+}
+
+}  // namespace
+
+void RegisterKnnCommands(CLI::App& app) {
+  ExtendTranslate(app);
+  RegisterTune(app);
+}
+
+}  // namespace knnserve::cli
