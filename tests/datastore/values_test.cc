@@ -83,10 +83,9 @@ TEST(SplitCorpusLineTest, Utf8ValidatorRejectsOverlongSurrogatesAndTruncation) {
 }
 
 TEST_F(ValuesTest, TokensOfEverySentenceAreTheTokenizedTargetPlusEosSortedByLength) {
-  const std::vector<std::string> sources = {"s one", "s two two", "s", "s four four four x",
+  const std::vector<std::string> sources = {"s one",  "s two two", "s", "s four four four x",
                                             "s five", "s six six"};
-  const std::vector<std::string> targets = {"t a b c", "t", "t d e", "t f g h i j", "t k",
-                                            "t l m"};
+  const std::vector<std::string> targets = {"t a b c", "t", "t d e", "t f g h i j", "t k", "t l m"};
   std::string corpus;
   for (size_t i = 0; i < sources.size(); ++i) corpus += sources[i] + "\t" + targets[i] + "\n";
   ValuesBuildOptions options = Options(corpus);
@@ -107,9 +106,9 @@ TEST_F(ValuesTest, TokensOfEverySentenceAreTheTokenizedTargetPlusEosSortedByLeng
     };
     const auto& t = values.target;
     const auto& src = values.source;
-    EXPECT_EQ(std::vector<int32_t>(t.tokens.begin() + t.offsets[s],
-                                   t.tokens.begin() + t.offsets[s + 1]),
-              ids(targets[line]))
+    EXPECT_EQ(
+        std::vector<int32_t>(t.tokens.begin() + t.offsets[s], t.tokens.begin() + t.offsets[s + 1]),
+        ids(targets[line]))
         << "sentence " << s;
     EXPECT_EQ(std::vector<int32_t>(src.tokens.begin() + src.offsets[s],
                                    src.tokens.begin() + src.offsets[s + 1]),
@@ -127,16 +126,16 @@ TEST_F(ValuesTest, TokensOfEverySentenceAreTheTokenizedTargetPlusEosSortedByLeng
 }
 
 TEST_F(ValuesTest, BadLinesAreCountedAndReportedWithTheirLineNumbers) {
-  ValuesBuildOptions options = Options(
-      "a\tb\nno tab\nx\ty\tz\n \tempty\nbad \xff\tutf\nw w w w w w\tlong\nc\td\n");
+  ValuesBuildOptions options =
+      Options("a\tb\nno tab\nx\ty\tz\n \tempty\nbad \xff\tutf\nw w w w w w\tlong\nc\td\n");
   options.max_tokens = 4;  // "w w w w w w" + EOS is 7 tokens
   ASSERT_OK_AND_ASSIGN(const ValuesReport report, BuildValues(options, FakeTokenize));
   EXPECT_EQ(report.sentences, 2);
   EXPECT_EQ(report.corpus_lines, 7);
   EXPECT_THAT(report.bad.counts, ElementsAre(1, 1, 1, 1, 1));
   EXPECT_THAT(report.bad.examples,
-              ElementsAre("line 2: missing tab", "line 3: more than one tab",
-                          "line 4: empty side", "line 5: invalid UTF-8", "line 6: over-long"));
+              ElementsAre("line 2: missing tab", "line 3: more than one tab", "line 4: empty side",
+                          "line 5: invalid UTF-8", "line 6: over-long"));
   ASSERT_OK_AND_ASSIGN(const ValuesFile values, ReadValuesFile(options.out_path));
   EXPECT_EQ(values.bad_lines, 5);
   EXPECT_THAT(values.order, ElementsAre(0, 6));
@@ -229,8 +228,7 @@ TEST_F(KeysFileTest, APartialFileOfAnotherComputationIsRefused) {
     ASSERT_OK(writer->Checkpoint());
   }
   EXPECT_THAT(KeysFileWriter::CreateOrResume(path, Spec("another model")),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("model_sha256 = \"m\"")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("model_sha256 = \"m\"")));
   KeysFileSpec wider = Spec("m");
   wider.dim = 4;
   EXPECT_THAT(KeysFileWriter::CreateOrResume(path, wider),

@@ -1,0 +1,110 @@
+// `datastore build`: every step runs once, a rerun skips verified outputs, a corrupted output
+// is recomputed with everything after it, and another model's directory is refused.
+#include "client/datastore/pipeline.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/datastore/datastore_manifest.h"
+#include "common/datastore/hdf5_file.h"
+#include "common/datastore/values_file.h"
+#include "common/index/manifest.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/datastore/temp_dir.h"
+#include "tests/datastore/tiny_setup.h"
+
+namespace knnserve::datastore {
+namespace {
+
+using ::knnserve::testing::StatusIs;
+using ::knnserve::testing::Tiny;
+using ::testing::HasSubstr;
+
+class PipelineTest : public knnserve::testing::TempDirTest {
+ protected:
+  BuildOptions Options() {
+    BuildOptions o;
+    o.corpus_path = knnserve::testing::kPairs50;
+    o.model_path = Tiny().model_path;
+    o.out_dir = Path("ds");
+    o.threads = 1;
+    o.keys.max_tokens = 64;
+    o.keys.progress.out = devnull_;
+    o.index.factory = "Flat";
+    o.index.shards = 2;
+    o.index.progress.out = devnull_;
+    return o;
+  }
+  static std::vector<float> ReadAll(const std::string& path) {
+    auto file = Hdf5File::Open(path, Hdf5File::Mode::kReadOnly);
+    EXPECT_OK(file.status());
+    if (!file.ok()) return {};
+    auto shape = (*file)->Shape("/keys");
+    EXPECT_OK(shape.status());
+    std::vector<float> out(shape->first * shape->second);
+    EXPECT_OK((*file)->ReadRows("/keys", 0, shape->first, out.data()));
+    return out;
+  }
+  static std::vector<std::string> Skipped(const std::vector<StepResult>& results) {
+    std::vector<std::string> names;
+    for (const StepResult& r : results) {
+      if (r.skipped) names.push_back(r.step);
+    }
+    return names;
+  }
+};
+
+TEST_F(PipelineTest, BuildsEveryStepThenSkipsThemAllWhenVerified) {
+  ASSERT_OK_AND_ASSIGN(const auto first, BuildDatastore(Options()));
+  ASSERT_EQ(first.size(), 5u);
+  EXPECT_TRUE(Skipped(first).empty());
+  ASSERT_OK_AND_ASSIGN(const ValuesFile values, ReadValuesFile(Path("ds/") + kValuesFileName));
+  ASSERT_OK_AND_ASSIGN(const IndexManifest index, ReadManifest(Path("ds/index")));
+  EXPECT_EQ(index.total_vectors, static_cast<int64_t>(values.target.tokens.size()));
+  EXPECT_EQ(index.num_sentences, values.num_sentences());
+  EXPECT_EQ(index.shards.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(const IndexManifest sentences, ReadManifest(Path("ds/sentence_index")));
+  EXPECT_EQ(sentences.total_vectors, values.num_sentences());
+
+  ASSERT_OK_AND_ASSIGN(const auto second, BuildDatastore(Options()));
+  EXPECT_THAT(Skipped(second),
+              ::testing::ElementsAre("values", "keys", "sentence_keys", "index", "sentence_index"));
+}
+
+TEST_F(PipelineTest, ACorruptedOutputIsRecomputedWithEveryLaterStep) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  const std::string sentence_keys = Path("ds/") + kSentenceKeysFileName;
+  const std::vector<float> original = ReadAll(sentence_keys);
+  {
+    // Flip the last byte of sentence_keys.h5 (key data: the file stays readable HDF5).
+    std::fstream f(sentence_keys, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.put(c);
+  }
+  ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(Options()));
+  EXPECT_THAT(Skipped(results), ::testing::ElementsAre("values", "keys"));
+  // Recomputed, not adopted: the same keys as the first build.
+  EXPECT_EQ(ReadAll(sentence_keys), original);
+  ASSERT_OK_AND_ASSIGN(const auto again, BuildDatastore(Options()));
+  EXPECT_EQ(Skipped(again).size(), 5u);
+}
+
+TEST_F(PipelineTest, ADirectoryBuiltWithAnotherModelIsRefused) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  BuildOptions other = Options();
+  other.model_path = Tiny().other_model_path;
+  EXPECT_THAT(BuildDatastore(other),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("model_sha256")));
+  ASSERT_OK_AND_ASSIGN(const auto manifest, ReadDatastoreManifest(Path("ds")));
+  ASSERT_TRUE(manifest.has_value());
+  EXPECT_EQ(manifest->steps.size(), 5u);  // nothing of the first build was lost
+}
+
+}  // namespace
+}  // namespace knnserve::datastore
