@@ -195,8 +195,13 @@ struct Cluster {
   std::unique_ptr<TestRouter> router;
 };
 
+// The test servers accept at most 256 query rows per request (TestLimits): 40 sentences x beam 5.
+torch::Tensor RemoteBatch(const std::vector<TokenPair>& pairs) {
+  return SourceBatch(std::vector<TokenPair>(pairs.begin(), pairs.begin() + 40));
+}
+
 TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
-  const torch::Tensor src = SourceBatch(*pairs_);
+  const torch::Tensor src = RemoteBatch(*pairs_);
   knn::KnnOptions options;
   options.weight = 0.6;
   options.k = 6;
@@ -247,7 +252,7 @@ class KillingProcessor : public decode::LogitsProcessor {
 };
 
 TEST_F(KnnDecodeTest, TranslationSurvivesAKilledReplica) {
-  const torch::Tensor src = SourceBatch(*pairs_);
+  const torch::Tensor src = RemoteBatch(*pairs_);
   knn::KnnOptions options;
   options.weight = 0.6;
   options.k = 6;
