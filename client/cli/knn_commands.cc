@@ -430,10 +430,15 @@ void RegisterTune(CLI::App& app) {
   cmd->add_option("--out", flags->out, "where the best values go (JSON, for --knn-config)")
       ->required();
   AddRetrievalFlags(cmd, &flags->retrieval);
-  cmd->add_option("--grid-topk", flags->topk, "k values tried")->capture_default_str();
-  cmd->add_option("--grid-temperature", flags->temperature, "τ values tried")
+  cmd->add_option("--grid-topk", flags->topk, "k values tried")
+      ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--grid-weight", flags->weight, "λ values tried")->capture_default_str();
+  cmd->add_option("--grid-temperature", flags->temperature, "τ values tried")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--grid-weight", flags->weight, "λ values tried")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--sentences", flags->sentences, "first N dev sentences (<= 0: all)")
       ->capture_default_str();
   cmd->add_option("--beam", flags->beam, "beam size while tuning (1: greedy)")
