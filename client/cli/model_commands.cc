@@ -164,7 +164,9 @@ void RunTranslate(const TranslateFlags& flags) {
 }
 
 void RegisterTranslate(CLI::App& app) {
-  auto flags = std::make_shared<TranslateFlags>();
+  // Process lifetime, not the callback's: knn_commands.cc replaces this command's callback and
+  // the options stay bound to these flags.
+  static auto* const flags = new TranslateFlags();
   CLI::App* cmd = app.add_subcommand("translate", "translate text with the base NMT model");
   cmd->add_option("--model", flags->model_path, "checkpoint (.pt)")->required();
   cmd->add_option("--input", flags->input, "plain text or TSV (first column); - is stdin")
@@ -179,7 +181,7 @@ void RegisterTranslate(CLI::App& app) {
   cmd->add_option("--batch-size", flags->batch_size, "sentences per batch")
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads)->capture_default_str();
-  cmd->callback([flags] { RunTranslate(*flags); });
+  cmd->callback([] { RunTranslate(*flags); });
 }
 
 struct EvaluateFlags {
