@@ -9,33 +9,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/datastore/hdf5_guard.h"
 #include "common/half.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
 namespace {
 
-template <typename Body>
-absl::Status Guard(const std::string& path, absl::string_view what, Body&& body) {
-  H5::Exception::dontPrint();  // errors come back as Status, not as HDF5's stderr trace
-  try {
-    return body();
-  } catch (const H5::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", what, ": ", e.getFuncName(), ": ", e.getDetailMsg()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(path, ": ", what, ": ", e.what()));
-  }
-}
-
-// IEEE binary16 little-endian, as h5py defines it (numpy float16).
-H5::FloatType HalfType() {
-  H5::FloatType type(H5::PredType::IEEE_F32LE);
-  type.setFields(15, 10, 5, 0, 10);
-  type.setSize(2);
-  type.setEbias(15);
-  return type;
-}
+using hdf5_internal::Guard;
+using hdf5_internal::HalfType;
 
 H5::DataType FileType(Hdf5Type type) {
   switch (type) {
