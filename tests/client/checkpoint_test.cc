@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/client/test_models.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::model {
 namespace {
@@ -22,9 +23,7 @@ using ::testing::HasSubstr;
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("checkpoint_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
+    dir_ = testing::FreshTempDir("checkpoint_test");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }

@@ -14,6 +14,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::model {
 namespace {
@@ -28,9 +29,7 @@ class ConverterTest : public ::testing::Test {
     if (RunCommand(absl::StrCat(kPython, " -c 'import torch' 2>/dev/null")) != 0) {
       GTEST_SKIP() << "Debian's python3-torch is not installed";
     }
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("converter_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
+    dir_ = testing::FreshTempDir("converter_test");
     TokenizerTrainOptions tok;
     tok.tsv_path = KNNSERVE_TESTDATA_DIR "/pairs50.tsv";
     tok.model_prefix = (dir_ / "spm").string();

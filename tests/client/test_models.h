@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <ostream>
 #include <string>
 
 #include "client/model/transformer.h"
@@ -17,6 +18,13 @@ struct TinyModelOptions {
   bool layernorm_embedding = false;
   std::string activation = "relu";
 };
+
+// Names a variant in test output, e.g. "pre_norm,gelu" (the default is "post_norm,relu").
+inline void PrintTo(const TinyModelOptions& o, std::ostream* os) {
+  *os << (o.pre_norm ? "pre_norm" : "post_norm") << (o.learned_positions ? ",learned_pos" : "")
+      << (o.tied ? "" : ",untied") << (o.layernorm_embedding ? ",layernorm_embedding" : "")
+      << "," << o.activation;
+}
 
 inline model::TransformerConfig TinyConfig(const TinyModelOptions& o = {}) {
   model::TransformerConfig c;

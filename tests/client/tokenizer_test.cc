@@ -7,6 +7,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve {
 namespace {
@@ -19,9 +20,7 @@ const char kPairs[] = KNNSERVE_TESTDATA_DIR "/pairs50.tsv";
 class TokenizerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(std::filesystem::path(::testing::TempDir()) /
-                                     ("tokenizer_test_" + std::to_string(::getpid())));
-    std::filesystem::create_directories(*dir_);
+    dir_ = new std::filesystem::path(testing::FreshTempDir("tokenizer_test"));
     TokenizerTrainOptions options;
     options.tsv_path = kPairs;
     options.model_prefix = (*dir_ / "spm").string();

@@ -15,6 +15,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::train {
 namespace {
@@ -26,9 +27,7 @@ const char kPairs[] = KNNSERVE_TESTDATA_DIR "/pairs50.tsv";
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("trainer_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
+    dir_ = testing::FreshTempDir("trainer_test");
     TokenizerTrainOptions tok;
     tok.tsv_path = kPairs;
     tok.model_prefix = (dir_ / "spm").string();

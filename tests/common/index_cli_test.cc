@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/index_test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve {
 namespace {
@@ -35,7 +36,7 @@ std::string RunCli(std::vector<std::string> args) {
 }
 
 TEST(IndexCli, BuildInfoSearchRoundTrip) {
-  const std::string dir = testing::FreshDir("cli");
+  const std::string dir = testing::FreshTempDir("cli").string();
   const testing::Datastore ds = testing::MakeDatastore(600, 8, 5, 8);
   ASSERT_THAT(WriteKeysHdf5(dir + "/keys.h5", ds.keys.view(), /*fp16=*/true), IsOk());
   ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());

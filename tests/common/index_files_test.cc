@@ -12,11 +12,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/index_test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve {
 namespace {
 
-using ::knnserve::testing::FreshDir;
+using ::knnserve::testing::FreshTempDir;
 using ::knnserve::testing::IsOk;
 using ::knnserve::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -27,7 +28,7 @@ TEST(Files, Sha256KnownAnswer) {
 }
 
 TEST(Files, AtomicWriteLeavesOnlyTheFinalFile) {
-  const std::string dir = FreshDir("atomic");
+  const std::string dir = FreshTempDir("atomic").string();
   ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/a.bin", "hello"));
   EXPECT_EQ(d.bytes, 5);
   EXPECT_EQ(d.sha256, Sha256Hex("hello"));
@@ -42,7 +43,7 @@ TEST(Files, AtomicWriteLeavesOnlyTheFinalFile) {
 }
 
 TEST(Files, UncommittedWriterRemovesItsTemporaryFile) {
-  const std::string dir = FreshDir("uncommitted");
+  const std::string dir = FreshTempDir("uncommitted").string();
   {
     ASSERT_OK_AND_ASSIGN(auto writer, AtomicFileWriter::Create(dir + "/b.bin"));
     ASSERT_THAT(writer->Append("partial"), IsOk());
@@ -51,7 +52,7 @@ TEST(Files, UncommittedWriterRemovesItsTemporaryFile) {
 }
 
 TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
-  const std::string dir = FreshDir("verify");
+  const std::string dir = FreshTempDir("verify").string();
   ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/c.bin", "content"));
   EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes + 1, d.sha256}),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has 7 bytes")));
@@ -83,7 +84,7 @@ TEST(ShardData, RoundTripsAndRefusesBadHeaders) {
 }
 
 TEST(Hdf5Datastore, KeysRoundTripFloat32AndFloat16) {
-  const std::string dir = FreshDir("h5keys");
+  const std::string dir = FreshTempDir("h5keys").string();
   const testing::Datastore ds = testing::MakeDatastore(300, 12, 4, 1);
   for (bool fp16 : {false, true}) {
     SCOPED_TRACE(fp16);
@@ -103,7 +104,7 @@ TEST(Hdf5Datastore, KeysRoundTripFloat32AndFloat16) {
 }
 
 TEST(Hdf5Datastore, ValuesRoundTripAndValidation) {
-  const std::string dir = FreshDir("h5values");
+  const std::string dir = FreshTempDir("h5values").string();
   const testing::Datastore ds = testing::MakeDatastore(200, 4, 2, 2);
   ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());
   ASSERT_OK_AND_ASSIGN(DatastoreValues v, ReadValuesHdf5(dir + "/values.h5"));
@@ -122,7 +123,7 @@ TEST(Hdf5Datastore, ValuesRoundTripAndValidation) {
 
 // An index built from keys.h5 + values.h5 answers exactly as one built from memory (Flat).
 TEST(Hdf5Datastore, BuildFromHdf5EqualsBuildFromMemory) {
-  const std::string dir = FreshDir("h5build");
+  const std::string dir = FreshTempDir("h5build").string();
   const testing::Datastore ds = testing::MakeDatastore(800, 8, 6, 3);
   ASSERT_THAT(WriteKeysHdf5(dir + "/keys.h5", ds.keys.view(), /*fp16=*/false), IsOk());
   ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());

@@ -88,14 +88,6 @@ inline SearchQuery SubsetQuery(const Matrix<float>& queries, int k, int64_t num_
   return q;
 }
 
-// A fresh empty directory under gtest's temp dir.
-inline std::string FreshDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "knnserve_" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 }  // namespace knnserve::testing
 
 #endif  // KNNSERVE_TESTS_COMMON_INDEX_TEST_UTIL_H_

@@ -14,7 +14,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/datastore/temp_dir.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/datastore/tiny_setup.h"
 
 namespace knnserve::datastore {

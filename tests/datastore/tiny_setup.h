@@ -17,6 +17,7 @@
 #include "client/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/client/test_models.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::testing {
 
@@ -33,9 +34,7 @@ struct TinySetup {
 inline const TinySetup& Tiny() {
   static TinySetup* setup = [] {
     auto* s = new TinySetup;
-    const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                      ("datastore_tiny_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
+    const std::filesystem::path dir = FreshTempDir("datastore_tiny");
     TokenizerTrainOptions options;
     options.tsv_path = kPairs50;
     options.model_prefix = (dir / "spm").string();

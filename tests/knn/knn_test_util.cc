@@ -8,6 +8,7 @@
 #include "common/datastore/key_source.h"
 #include "common/index/builder.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::testing {
 
@@ -80,8 +81,7 @@ TestDatastore BuildTestDatastore(model::TransformerModel& model,
     sentence_keys.insert(sentence_keys.end(), embedding.data_ptr<float>(),
                          embedding.data_ptr<float>() + embedding.numel());
   }
-  const std::string dir = ::testing::TempDir() + "/knn_" + name;
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTempDir("knn_" + name).string();
   const MatrixView<const float> key_view{keys.data(),
                                          static_cast<int64_t>(values.tokens.size()), kTinyDim};
   IndexBuildOptions options;

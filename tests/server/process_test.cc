@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/test_cluster.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::testing {
 namespace {
@@ -131,8 +132,7 @@ const Index& Data() {
 }
 
 std::string BuildIndexDir(const std::string& name, const std::string& factory, int shards) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "knnserve_service_", name);
-  std::filesystem::remove_all(dir);
+  const std::string dir = testing::FreshTempDir("service_" + name).string();
   IndexBuildOptions options;
   options.factory = factory;
   options.shards = shards;

@@ -1,6 +1,7 @@
-// A fresh temporary directory per test, removed afterwards.
-#ifndef KNNSERVE_TESTS_DATASTORE_TEMP_DIR_H_
-#define KNNSERVE_TESTS_DATASTORE_TEMP_DIR_H_
+// Scratch directories for tests. ctest runs every test case as its own process, several
+// at once, so a directory is private to the process: its name carries the pid.
+#ifndef KNNSERVE_TESTS_TESTING_TEMP_DIR_H_
+#define KNNSERVE_TESTS_TESTING_TEMP_DIR_H_
 
 #include <unistd.h>
 
@@ -13,15 +14,21 @@
 
 namespace knnserve::testing {
 
+// Returns <gtest temp dir>/knnserve_<name>_<pid>, emptied and created.
+inline std::filesystem::path FreshTempDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("knnserve_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A fresh temporary directory per test, removed afterwards.
 class TempDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           (std::string("datastore_") + info->test_suite_name() + "_" + info->name() + "_" +
-            std::to_string(::getpid()));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = FreshTempDir(std::string(info->test_suite_name()) + "_" + info->name());
     devnull_ = std::fopen("/dev/null", "w");
   }
   void TearDown() override {
@@ -40,4 +47,4 @@ class TempDirTest : public ::testing::Test {
 
 }  // namespace knnserve::testing
 
-#endif  // KNNSERVE_TESTS_DATASTORE_TEMP_DIR_H_
+#endif  // KNNSERVE_TESTS_TESTING_TEMP_DIR_H_
