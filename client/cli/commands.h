@@ -4,6 +4,7 @@
 #define KNNSERVE_CLIENT_CLI_COMMANDS_H_
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 
 namespace knnserve::cli {
 
@@ -11,12 +12,20 @@ namespace knnserve::cli {
 // (Modules append their declarations here.)
 // index build|search|info (client/cli/index_commands.cc).
 void RegisterIndexCommands(CLI::App& app);
-// tokenizer, train, translate, evaluate, model (client/cli/model_commands.cc).
+// tokenizer, train, evaluate, model (client/cli/model_commands.cc).
 void RegisterModelCommands(CLI::App& app);
-// translate --mode base|knn|subset-knn, tune (client/cli/knn_commands.cc); after the above.
+// translate --mode base|knn|subset-knn, tune (client/cli/knn_commands.cc).
 void RegisterKnnCommands(CLI::App& app);
 // datastore values|keys|sentence-keys|build (client/cli/datastore_commands.cc).
 void RegisterDatastoreCommands(CLI::App& app);
+
+// Shared by the command modules (client/cli/commands.cc).
+// Prints a failed status as "error: <message>" and ends the command with exit code 1 (a
+// CLI::RuntimeError that CLI11_PARSE turns into the exit code). Does nothing for OK.
+void ExitOnError(const absl::Status& status);
+// libgomp reads OMP_WAIT_POLICY when it is loaded, before main(): commands that run OpenMP
+// work can only advise setting it (prints a note when it is unset).
+void AdviseWaitPolicy();
 
 }  // namespace knnserve::cli
 

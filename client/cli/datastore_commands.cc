@@ -22,12 +22,6 @@ namespace {
 
 namespace ds = knnserve::datastore;
 
-void ExitOnError(const absl::Status& status) {
-  if (status.ok()) return;
-  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  throw CLI::RuntimeError(1);
-}
-
 std::string InDir(const std::string& dir, const char* name) { return dir + "/" + name; }
 
 struct KeysFlags {
@@ -63,8 +57,8 @@ ds::KeysStepOptions KeysStep(const KeysFlags& f, ds::KeyKind kind) {
   ds::KeysStepOptions step;
   step.values_path = InDir(f.dir, kValuesFileName);
   step.model_path = f.model;
-  step.out_path = InDir(f.dir, kind == ds::KeyKind::kTokens ? kKeysFileName
-                                                            : kSentenceKeysFileName);
+  step.out_path =
+      InDir(f.dir, kind == ds::KeyKind::kTokens ? kKeysFileName : kSentenceKeysFileName);
   step.feature = f.feature;
   step.device = f.device;
   step.threads = f.threads;
@@ -87,14 +81,11 @@ void PrintKeysReport(const ds::KeysReport& r, const std::string& path) {
     std::fprintf(stderr, "%s is already complete for this model and datastore\n", path.c_str());
     return;
   }
-  std::fprintf(stderr,
-               "wrote %s: %lld x %d, %lld batches, padding %.1f%%, %.1f s, %.0f rows/s%s\n",
-               path.c_str(), static_cast<long long>(r.rows), r.dim,
-               static_cast<long long>(r.batches), 100 * r.padding_fraction, r.seconds,
-               r.rows_per_second,
-               r.resumed_from > 0
-                   ? absl::StrFormat(" (resumed from row %d)", r.resumed_from).c_str()
-                   : "");
+  std::fprintf(
+      stderr, "wrote %s: %lld x %d, %lld batches, padding %.1f%%, %.1f s, %.0f rows/s%s\n",
+      path.c_str(), static_cast<long long>(r.rows), r.dim, static_cast<long long>(r.batches),
+      100 * r.padding_fraction, r.seconds, r.rows_per_second,
+      r.resumed_from > 0 ? absl::StrFormat(" (resumed from row %d)", r.resumed_from).c_str() : "");
 }
 
 void RegisterValues(CLI::App& parent) {
@@ -129,10 +120,9 @@ void RegisterValues(CLI::App& parent) {
                  "wrote %s: %lld sentences of %lld lines, %lld target and %lld source tokens, "
                  "%lld bytes; %s\n",
                  f->options.out_path.c_str(), static_cast<long long>(r->sentences),
-                 static_cast<long long>(r->corpus_lines),
-                 static_cast<long long>(r->target_tokens),
-                 static_cast<long long>(r->source_tokens),
-                 static_cast<long long>(r->digest.bytes), r->bad.Summary().c_str());
+                 static_cast<long long>(r->corpus_lines), static_cast<long long>(r->target_tokens),
+                 static_cast<long long>(r->source_tokens), static_cast<long long>(r->digest.bytes),
+                 r->bad.Summary().c_str());
   });
 }
 

@@ -17,12 +17,6 @@
 namespace knnserve::cli {
 namespace {
 
-void ExitOnError(const absl::Status& status) {
-  if (status.ok()) return;
-  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  throw CLI::RuntimeError(1);
-}
-
 template <typename T>
 T ValueOrExit(absl::StatusOr<T> value) {
   ExitOnError(value.status());

@@ -1,6 +1,5 @@
-// kNN-MT on the command line: `knnserve translate --mode base|knn|subset-knn` (the flags are
-// added to the model module's translate command, whose callback this module takes over so that
-// every mode runs through one path) and `knnserve tune` (grid search of k, τ, λ on a dev set).
+// Translation on the command line: `knnserve translate --mode base|knn|subset-knn` (every mode
+// runs through one path) and `knnserve tune` (grid search of kNN-MT's k, τ, λ on a dev set).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -33,12 +32,6 @@
 
 namespace knnserve::cli {
 namespace {
-
-void ExitOnError(const absl::Status& status) {
-  if (status.ok()) return;
-  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  throw CLI::RuntimeError(1);
-}
 
 // Where retrieval happens and how: shared by translate and tune.
 struct RetrievalFlags {
@@ -222,113 +215,107 @@ absl::StatusOr<std::vector<std::string>> Translate(LoadedTranslator& t,
   return hyps;
 }
 
-struct TranslateExtras {
+struct TranslateFlags {
+  std::string model;
+  std::string input = "-";
+  std::string output = "-";
+  decode::SearchOptions search;
+  int64_t batch_size = 32;
+  int threads = 2;
   RetrievalFlags retrieval;
   bool print_neighbors = false;
   int print_neighbors_k = 4;
   std::string stats_json;
 };
 
-// Reads the model module's translate flags back from the command line.
-struct BaseTranslateFlags {
-  std::string model;
-  std::string input;
-  std::string output;
-  decode::SearchOptions search;
-  int64_t batch_size = 32;
-  int threads = 2;
-};
-
-BaseTranslateFlags ReadBaseFlags(CLI::App* cmd) {
-  BaseTranslateFlags f;
-  f.model = cmd->get_option("--model")->as<std::string>();
-  f.input = cmd->get_option("--input")->as<std::string>();
-  f.output = cmd->get_option("--output")->as<std::string>();
-  f.search.beam_size = cmd->get_option("--beam")->as<int>();
-  f.search.length_penalty = cmd->get_option("--lenpen")->as<double>();
-  f.search.max_len_a = cmd->get_option("--max-len-a")->as<double>();
-  f.search.max_len_b = cmd->get_option("--max-len-b")->as<int64_t>();
-  f.batch_size = cmd->get_option("--batch-size")->as<int64_t>();
-  f.threads = cmd->get_option("--threads")->as<int>();
-  return f;
-}
-
-void RunTranslate(CLI::App* cmd, TranslateExtras& extras) {
-  const BaseTranslateFlags base = ReadBaseFlags(cmd);
+void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
+  AdviseWaitPolicy();
   // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (faiss in the
   // embedded mode runs on the same threads; the engine sets its own count per search).
-  at::set_num_threads(base.threads);
-  ExitOnError(ApplyKnnConfig(*cmd, extras.retrieval));
-  absl::StatusOr<LoadedTranslator> translator = LoadTranslator(base.model);
+  at::set_num_threads(flags.threads);
+  ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
+  absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
-  absl::StatusOr<KnnSetup> knn = MakeKnn(extras.retrieval, base.threads);
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.threads);
   ExitOnError(knn.status());
-  const std::string input = base.input == "-" ? "/dev/stdin" : base.input;
+  const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
   absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
   ExitOnError(sources.status());
-  ProgressBar progress(absl::StrCat("translate (", extras.retrieval.mode, ")"),
+  ProgressBar progress(absl::StrCat("translate (", flags.retrieval.mode, ")"),
                        static_cast<int64_t>(sources->size()));
   RunReport report;
   absl::StatusOr<std::vector<std::string>> hyps =
-      Translate(*translator, *sources, base.search, base.batch_size, *knn, &report, &progress);
+      Translate(*translator, *sources, flags.search, flags.batch_size, *knn, &report, &progress);
   ExitOnError(hyps.status());
   progress.Finish();
   std::ofstream file;
-  if (base.output != "-") {
-    file.open(base.output);
-    if (!file) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", base.output)));
+  if (flags.output != "-") {
+    file.open(flags.output);
+    if (!file) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", flags.output)));
   }
-  std::ostream& out = base.output == "-" ? std::cout : file;
+  std::ostream& out = flags.output == "-" ? std::cout : file;
   for (const std::string& line : *hyps) out << line << "\n";
   out.flush();
   std::fprintf(stderr, "%s (beam %d, batch %lld, %d threads)\n",
-               FormatReport(extras.retrieval.mode, report).c_str(), base.search.beam_size,
-               static_cast<long long>(base.batch_size), base.threads);
-  if (!extras.stats_json.empty()) {
+               FormatReport(flags.retrieval.mode, report).c_str(), flags.search.beam_size,
+               static_cast<long long>(flags.batch_size), flags.threads);
+  if (!flags.stats_json.empty()) {
     nlohmann::json json = {
-        {"mode", extras.retrieval.mode},
+        {"mode", flags.retrieval.mode},
         {"sentences", report.stats.sentences},
         {"tokens", report.stats.generated_tokens},
         {"seconds", report.seconds},
         {"retrieval_seconds", absl::ToDoubleSeconds(report.knn.retrieval_time)},
         {"select_seconds", absl::ToDoubleSeconds(report.knn.select_time)},
         {"interpolate_seconds", absl::ToDoubleSeconds(report.knn.interpolate_time)},
-        {"knn_topk", extras.retrieval.knn.k},
-        {"knn_temperature", extras.retrieval.knn.temperature},
-        {"knn_weight", extras.retrieval.knn.weight}};
-    std::ofstream stats(extras.stats_json);
+        {"knn_topk", flags.retrieval.knn.k},
+        {"knn_temperature", flags.retrieval.knn.temperature},
+        {"knn_weight", flags.retrieval.knn.weight}};
+    std::ofstream stats(flags.stats_json);
     stats << json.dump(2) << "\n";
-    if (!stats) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", extras.stats_json)));
+    if (!stats) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", flags.stats_json)));
   }
-  if (extras.print_neighbors) {
+  if (flags.print_neighbors) {
     if (knn->processor == nullptr) {
       ExitOnError(absl::InvalidArgumentError("--print-neighbors needs --mode knn or subset-knn"));
     }
     absl::StatusOr<std::unique_ptr<knn::ProvenancePrinter>> printer =
         knn::ProvenancePrinter::Create(
-            extras.retrieval.datastore.empty() ? "" : extras.retrieval.datastore + "/values.h5");
+            flags.retrieval.datastore.empty() ? "" : flags.retrieval.datastore + "/values.h5");
     ExitOnError(printer.status());
     for (size_t i = 0; i < sources->size(); ++i) {
       absl::StatusOr<std::string> text =
           (*printer)->Explain(translator->loaded.model, *translator->tokenizer, (*sources)[i],
-                              (*hyps)[i], *knn->processor, extras.print_neighbors_k);
+                              (*hyps)[i], *knn->processor, flags.print_neighbors_k);
       ExitOnError(text.status());
       std::fprintf(stderr, "# sentence %zu\n%s", i, text->c_str());
     }
   }
 }
 
-void ExtendTranslate(CLI::App& app) {
-  CLI::App* cmd = app.get_subcommand("translate");
-  cmd->description("translate text: base NMT, kNN-MT or subset kNN-MT");
-  auto extras = std::make_shared<TranslateExtras>();
-  AddRetrievalFlags(cmd, &extras->retrieval);
-  cmd->add_flag("--print-neighbors", extras->print_neighbors,
-                "print, per output token, the retrieved datastore sentences (stderr)");
-  cmd->add_option("--print-neighbors-k", extras->print_neighbors_k, "neighbours printed per token")
+void RegisterTranslate(CLI::App& app) {
+  auto flags = std::make_shared<TranslateFlags>();
+  CLI::App* cmd =
+      app.add_subcommand("translate", "translate text: base NMT, kNN-MT or subset kNN-MT");
+  cmd->add_option("--model", flags->model, "checkpoint (.pt)")->required();
+  cmd->add_option("--input", flags->input, "plain text or TSV (first column); - is stdin")
       ->capture_default_str();
-  cmd->add_option("--stats-json", extras->stats_json, "write the speed report as JSON");
-  cmd->callback([cmd, extras] { RunTranslate(cmd, *extras); });
+  cmd->add_option("--output", flags->output, "detokenized output; - is stdout")
+      ->capture_default_str();
+  cmd->add_option("--beam", flags->search.beam_size, "beam size (1: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--lenpen", flags->search.length_penalty)->capture_default_str();
+  cmd->add_option("--max-len-a", flags->search.max_len_a)->capture_default_str();
+  cmd->add_option("--max-len-b", flags->search.max_len_b)->capture_default_str();
+  cmd->add_option("--batch-size", flags->batch_size, "sentences per batch")->capture_default_str();
+  cmd->add_option("--threads", flags->threads)->capture_default_str();
+  AddRetrievalFlags(cmd, &flags->retrieval);
+  cmd->add_flag("--print-neighbors", flags->print_neighbors,
+                "print, per output token, the retrieved datastore sentences (stderr)");
+  cmd->add_option("--print-neighbors-k", flags->print_neighbors_k, "neighbours printed per token")
+      ->capture_default_str();
+  cmd->add_option("--stats-json", flags->stats_json, "write the speed report as JSON");
+  cmd->callback([cmd, flags] { RunTranslate(cmd, *flags); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,7 +438,7 @@ void RegisterTune(CLI::App& app) {
 }  // namespace
 
 void RegisterKnnCommands(CLI::App& app) {
-  ExtendTranslate(app);
+  RegisterTranslate(app);
   RegisterTune(app);
 }
 

@@ -1,4 +1,4 @@
-// `knnserve tokenizer|train|translate|evaluate|model`: the NMT side of the tool.
+// `knnserve tokenizer|train|evaluate|model`: the NMT side of the tool.
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -25,27 +25,6 @@
 
 namespace knnserve::cli {
 namespace {
-
-// Prints a failed status and ends the command with exit code 1.
-void ExitOnError(const absl::Status& status) {
-  if (status.ok()) return;
-  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
-  throw CLI::RuntimeError(1);
-}
-
-void SetThreads(int threads) {
-  // LibTorch sets OpenMP to 1 thread on these machines: always set it explicitly.
-  at::set_num_threads(threads);
-}
-
-// libgomp reads OMP_WAIT_POLICY when it is loaded, before main(): it can only be advised here.
-void AdviseWaitPolicy() {
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    std::fprintf(stderr,
-                 "note: OMP_WAIT_POLICY is unset; on a shared or busy machine "
-                 "OMP_WAIT_POLICY=PASSIVE is several times faster (docs/model.md)\n");
-  }
-}
 
 void RegisterTokenizer(CLI::App& app) {
   CLI::App* tokenizer = app.add_subcommand("tokenizer", "SentencePiece tokenizer");
@@ -87,8 +66,7 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--decoder-layers", o->model.decoder_layers)->capture_default_str();
   cmd->add_option("--heads", *heads, "attention heads (encoder and decoder)")
       ->capture_default_str();
-  cmd->add_option("--ffn-dim", *ffn, "FFN inner size (encoder and decoder)")
-      ->capture_default_str();
+  cmd->add_option("--ffn-dim", *ffn, "FFN inner size (encoder and decoder)")->capture_default_str();
   cmd->add_flag("--pre-norm", *pre_norm, "pre-norm layers (default post-norm)");
   cmd->add_flag("--learned-positions", o->model.learned_positions);
   cmd->add_option("--dropout", o->model.dropout)->capture_default_str();
@@ -117,71 +95,6 @@ void RegisterTrain(CLI::App& app) {
     AdviseWaitPolicy();
     ExitOnError(train::Train(*o));
   });
-}
-
-struct TranslateFlags {
-  std::string model_path;
-  std::string input = "-";
-  std::string output = "-";
-  decode::SearchOptions search;
-  int64_t batch_size = 32;
-  int threads = 2;
-};
-
-void RunTranslate(const TranslateFlags& flags) {
-  AdviseWaitPolicy();
-  SetThreads(flags.threads);
-  absl::StatusOr<model::LoadedModel> loaded = model::LoadCheckpoint(flags.model_path);
-  ExitOnError(loaded.status());
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = model::MakeTokenizer(*loaded);
-  ExitOnError(tokenizer.status());
-  const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
-  absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
-  ExitOnError(sources.status());
-  ProgressBar progress("translate", static_cast<int64_t>(sources->size()));
-  decode::TranslateStats stats;
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<std::string>> hyps =
-      decode::TranslateTexts(loaded->model, **tokenizer, *sources, flags.search,
-                             flags.batch_size, &stats, &progress);
-  ExitOnError(hyps.status());
-  progress.Finish();
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  std::ofstream file;
-  if (flags.output != "-") {
-    file.open(flags.output);
-    if (!file) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", flags.output)));
-  }
-  std::ostream& out = flags.output == "-" ? std::cout : file;
-  for (const std::string& line : *hyps) out << line << "\n";
-  out.flush();
-  std::fprintf(stderr,
-               "translated %lld sentences in %.2f s: %.2f sentences/s, %.1f tokens/s "
-               "(beam %d, batch %lld, %d threads)\n",
-               static_cast<long long>(stats.sentences), seconds, stats.sentences / seconds,
-               stats.generated_tokens / seconds, flags.search.beam_size,
-               static_cast<long long>(flags.batch_size), flags.threads);
-}
-
-void RegisterTranslate(CLI::App& app) {
-  // Process lifetime, not the callback's: knn_commands.cc replaces this command's callback and
-  // the options stay bound to these flags.
-  static auto* const flags = new TranslateFlags();
-  CLI::App* cmd = app.add_subcommand("translate", "translate text with the base NMT model");
-  cmd->add_option("--model", flags->model_path, "checkpoint (.pt)")->required();
-  cmd->add_option("--input", flags->input, "plain text or TSV (first column); - is stdin")
-      ->capture_default_str();
-  cmd->add_option("--output", flags->output, "detokenized output; - is stdout")
-      ->capture_default_str();
-  cmd->add_option("--beam", flags->search.beam_size, "beam size (1: greedy)")
-      ->capture_default_str();
-  cmd->add_option("--lenpen", flags->search.length_penalty)->capture_default_str();
-  cmd->add_option("--max-len-a", flags->search.max_len_a)->capture_default_str();
-  cmd->add_option("--max-len-b", flags->search.max_len_b)->capture_default_str();
-  cmd->add_option("--batch-size", flags->batch_size, "sentences per batch")
-      ->capture_default_str();
-  cmd->add_option("--threads", flags->threads)->capture_default_str();
-  cmd->callback([] { RunTranslate(*flags); });
 }
 
 struct EvaluateFlags {
@@ -235,7 +148,7 @@ struct BenchFlags {
 // as a Markdown table (docs/model.md).
 void RunBench(const BenchFlags& flags) {
   AdviseWaitPolicy();
-  SetThreads(flags.threads);
+  at::set_num_threads(flags.threads);  // LibTorch defaults to 1 thread on these machines
   absl::StatusOr<model::LoadedModel> loaded = model::LoadCheckpoint(flags.model_path);
   ExitOnError(loaded.status());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = model::MakeTokenizer(*loaded);
@@ -260,9 +173,8 @@ void RunBench(const BenchFlags& flags) {
                 stats.generated_tokens / seconds);
     std::fflush(stdout);
   }
-  absl::StatusOr<std::vector<train::Example>> examples =
-      train::EncodePairs(**tokenizer, *pairs, loaded->model->config().max_target_positions - 1,
-                         1, nullptr);
+  absl::StatusOr<std::vector<train::Example>> examples = train::EncodePairs(
+      **tokenizer, *pairs, loaded->model->config().max_target_positions - 1, 1, nullptr);
   ExitOnError(examples.status());
   torch::NoGradGuard no_grad;
   int64_t tokens = 0;
@@ -330,7 +242,6 @@ void RegisterModel(CLI::App& app) {
 void RegisterModelCommands(CLI::App& app) {
   RegisterTokenizer(app);
   RegisterTrain(app);
-  RegisterTranslate(app);
   RegisterEvaluate(app);
   RegisterModel(app);
 }

@@ -57,12 +57,10 @@ class TransformerExtractor : public FeatureExtractor {
       torch::NoGradGuard no_grad;
       model::EncoderOutput encoded = model_->Encode(Source(batch));
       torch::Tensor prev =
-          PadRows(batch.targets, config_.pad_id, /*shift_eos=*/true, config_.eos_id)
-              .to(device_);
+          PadRows(batch.targets, config_.pad_id, /*shift_eos=*/true, config_.eos_id).to(device_);
       model::DecoderOutput decoded = model_->Decode(prev, encoded);
       torch::Tensor features =
-          (ffn_in_ ? decoded.ffn_in : decoded.features).to(torch::kCPU, torch::kFloat)
-              .contiguous();
+          (ffn_in_ ? decoded.ffn_in : decoded.features).to(torch::kCPU, torch::kFloat).contiguous();
       int64_t rows = 0;
       for (const auto& t : batch.targets) rows += static_cast<int64_t>(t.size());
       Matrix<float> out(rows, config_.d_model);
@@ -84,9 +82,7 @@ class TransformerExtractor : public FeatureExtractor {
     return GuardTorch("sentence embeddings", [&]() -> absl::StatusOr<Matrix<float>> {
       torch::NoGradGuard no_grad;
       model::EncoderOutput encoded = model_->Encode(Source(batch));
-      torch::Tensor keep = encoded.padding_mask.logical_not().unsqueeze(-1).to(torch::kFloat);
-      torch::Tensor mean = (encoded.states * keep).sum(1) / keep.sum(1).clamp_min(1.0);
-      mean = mean.to(torch::kCPU, torch::kFloat).contiguous();
+      const torch::Tensor mean = model::AverageEncoderStates(encoded);
       std::vector<float> data(mean.data_ptr<float>(), mean.data_ptr<float>() + mean.numel());
       return Matrix<float>(mean.size(0), mean.size(1), std::move(data));
     });
@@ -94,8 +90,7 @@ class TransformerExtractor : public FeatureExtractor {
 
  private:
   torch::Tensor Source(const SentenceBatch& batch) const {
-    return PadRows(batch.sources, config_.pad_id, /*shift_eos=*/false, config_.eos_id)
-        .to(device_);
+    return PadRows(batch.sources, config_.pad_id, /*shift_eos=*/false, config_.eos_id).to(device_);
   }
 
   model::TransformerModel model_;
@@ -111,8 +106,7 @@ absl::StatusOr<LoadedExtractor> LoadTransformerExtractor(const std::string& chec
                                                          const std::string& device) {
   if (feature != kFeatureDecoderOut && feature != kFeatureFfnIn) {
     return absl::InvalidArgumentError(absl::StrCat("unknown feature \"", feature, "\" (use ",
-                                                    kFeatureDecoderOut, " or ", kFeatureFfnIn,
-                                                    ")"));
+                                                   kFeatureDecoderOut, " or ", kFeatureFfnIn, ")"));
   }
   ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadCheckpoint(checkpoint_path));
   return GuardTorch("load model", [&]() -> absl::StatusOr<LoadedExtractor> {
@@ -129,8 +123,8 @@ absl::StatusOr<LoadedExtractor> LoadTransformerExtractor(const std::string& chec
     out.pad_id = config.pad_id;
     out.eos_id = config.eos_id;
     out.tokenizer = std::move(loaded.tokenizer);
-    out.extractor = std::make_unique<TransformerExtractor>(
-        loaded.model, feature == kFeatureFfnIn, torch_device);
+    out.extractor = std::make_unique<TransformerExtractor>(loaded.model, feature == kFeatureFfnIn,
+                                                           torch_device);
     return out;
   });
 }

@@ -75,8 +75,8 @@ absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
   const double log_rest = options.weight < 1 ? std::log1p(-options.weight) : kNegInf;
   // Tokens no neighbour votes for keep (1 - λ) p_MT: one vectorized pass; the few voted tokens
   // of each row are then combined exactly in log space (log p_kNN only where p_kNN > 0).
-  torch::Tensor out = options.weight < 1 ? input + static_cast<float>(log_rest)
-                                         : torch::full_like(input, kLogZero);
+  torch::Tensor out =
+      options.weight < 1 ? input + static_cast<float>(log_rest) : torch::full_like(input, kLogZero);
   const float* in = input.data_ptr<float>();
   float* o = out.data_ptr<float>();
   std::vector<std::pair<int32_t, double>> votes;  // (token, score = -d/τ)

@@ -25,12 +25,12 @@ namespace knnserve::knn {
 
 // The knobs, named as knn-seq names its flags.
 struct KnnOptions {
-  int k = 16;                // --knn-topk: neighbours per query
-  double temperature = 10;   // --knn-temperature τ (> 0), in the index's distance units
-  double weight = 0.5;       // --knn-weight λ in [0, 1]
-  int nprobe = 0;            // --knn-nprobe: IVF lists probed (0: the index's default)
-  double threshold = 0;      // --knn-threshold: neighbours with distance > threshold are
-                             // ignored (0: off); a row left without any keeps p_MT
+  int k = 16;               // --knn-topk: neighbours per query
+  double temperature = 10;  // --knn-temperature τ (> 0), in the index's distance units
+  double weight = 0.5;      // --knn-weight λ in [0, 1]
+  int nprobe = 0;           // --knn-nprobe: IVF lists probed (0: the index's default)
+  double threshold = 0;     // --knn-threshold: neighbours with distance > threshold are
+                            // ignored (0: off); a row left without any keeps p_MT
 };
 
 // INVALID_ARGUMENT naming the bad knob.
@@ -40,8 +40,8 @@ absl::Status ValidateKnnOptions(const KnnOptions& options);
 // values (token ids < V; id -1 = missing), squared-L2 distances. Returns [rows, V]: log of
 // λ p_kNN + (1 − λ) p_MT, never NaN or -inf: where both terms are zero (λ = 1, a token no
 // neighbour votes for) it is -1e9, so decoding constraints keep a finite choice. Rows without
-// usable neighbours are returned unchanged. λ = 0 returns log_probs exactly. REQUIRES: valid options,
-// L2 metric (inner-product scores are used as −d).
+// usable neighbours are returned unchanged. λ = 0 returns log_probs exactly. REQUIRES: valid
+// options, L2 metric (inner-product scores are used as −d).
 absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
                                              const Neighbors& neighbors, Metric metric,
                                              const KnnOptions& options);
@@ -61,10 +61,10 @@ struct KnnStats {
   int64_t batches = 0;
   int64_t steps = 0;
   int64_t query_rows = 0;
-  int64_t subset_sentences = 0;      // sum of group sizes declared
-  absl::Duration select_time;        // subset selection (sentence search)
-  absl::Duration retrieval_time;     // Search calls (network or in-process engine)
-  absl::Duration interpolate_time;   // p_kNN and the interpolation
+  int64_t subset_sentences = 0;     // sum of group sizes declared
+  absl::Duration select_time;       // subset selection (sentence search)
+  absl::Duration retrieval_time;    // Search calls (network or in-process engine)
+  absl::Duration interpolate_time;  // p_kNN and the interpolation
 };
 
 // Thread-compatible: one decoding thread at a time, as decode::SearchOptions requires.

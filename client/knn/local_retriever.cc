@@ -28,8 +28,8 @@ class LocalSession : public RetrievalSession {
     request.mutable_params()->set_nprobe(params.nprobe);
     request.mutable_params()->set_ef_search(params.ef_search);
     request.mutable_row_group()->Assign(row_group.begin(), row_group.end());
-    ASSIGN_OR_RETURN(SearchQuery query, ParseSearchRequest(request, engine_->info().shape(),
-                                                           *limits_, groups_));
+    ASSIGN_OR_RETURN(SearchQuery query,
+                     ParseSearchRequest(request, engine_->info().shape(), *limits_, groups_));
     ASSIGN_OR_RETURN(EngineResult result, engine_->Search(query));
     return std::move(result.neighbors);
   }
@@ -45,8 +45,8 @@ class LocalSession : public RetrievalSession {
 LocalRetriever::LocalRetriever(std::unique_ptr<SearchEngine> engine, RetrieverInfo info)
     : engine_(std::move(engine)), info_(info) {}
 
-absl::StatusOr<std::unique_ptr<LocalRetriever>> LocalRetriever::Create(
-    const std::string& index_dir, int threads) {
+absl::StatusOr<std::unique_ptr<LocalRetriever>> LocalRetriever::Create(const std::string& index_dir,
+                                                                       int threads) {
   IndexEngineOptions options;
   options.threads = threads;
   ASSIGN_OR_RETURN(std::unique_ptr<SearchEngine> engine, CreateLocalEngine(index_dir, options));
@@ -62,9 +62,9 @@ absl::StatusOr<std::unique_ptr<LocalRetriever>> LocalRetriever::Create(
         "index with values");
   }
   if (e.id_begin != 0 || e.id_end != e.total_vectors) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the engine holds ids [", e.id_begin, ", ", e.id_end, ") of ", e.total_vectors,
-        ": the embedded mode needs the whole datastore (all shards)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the engine holds ids [", e.id_begin, ", ", e.id_end, ") of ", e.total_vectors,
+                     ": the embedded mode needs the whole datastore (all shards)"));
   }
   RetrieverInfo info;
   info.dim = e.dim;

@@ -40,10 +40,11 @@ absl::StatusOr<std::string> ProvenancePrinter::Explain(
   try {
     torch::NoGradGuard no_grad;
     model::EncoderOutput encoded = model->Encode(src);
-    features = model->Decode(torch::tensor(prev, torch::kLong).unsqueeze(0), encoded)
-                   .features.squeeze(0);
+    features =
+        model->Decode(torch::tensor(prev, torch::kLong).unsqueeze(0), encoded).features.squeeze(0);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("provenance pass failed: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("provenance pass failed: ", e.what_without_backtrace()));
   }
   ASSIGN_OR_RETURN(Neighbors neighbors, processor.SearchOnce(features));
   std::string text;

@@ -21,8 +21,7 @@ class ProvenancePrinter {
  public:
   // `values_path`: the datastore's values.h5, to map global token ids to sentence:position;
   // empty prints global token ids only.
-  static absl::StatusOr<std::unique_ptr<ProvenancePrinter>> Create(
-      const std::string& values_path);
+  static absl::StatusOr<std::unique_ptr<ProvenancePrinter>> Create(const std::string& values_path);
 
   // One line per token of `hypothesis` (re-encoded with `tokenizer`, plus EOS): the token and
   // its `print_k` nearest datastore tokens, found from the decoder state of a teacher-forced

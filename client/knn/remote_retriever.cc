@@ -1,5 +1,6 @@
 #include "client/knn/remote_retriever.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -85,8 +86,12 @@ std::atomic<int64_t> next_session_id{0};
 class RemoteSession : public RetrievalSession {
  public:
   RemoteSession(v1::Retrieval::Stub* stub, const RemoteRetrieverOptions* options,
-                std::optional<v1::StreamRequest> setup)
-      : stub_(stub), options_(options), setup_(std::move(setup)), id_(next_session_id++) {}
+                std::optional<v1::StreamRequest> setup, int64_t max_rows)
+      : stub_(stub),
+        options_(options),
+        setup_(std::move(setup)),
+        max_rows_(max_rows),
+        id_(next_session_id++) {}
 
   ~RemoteSession() override {
     if (stream_ != nullptr) CloseStream().IgnoreError();
@@ -95,6 +100,30 @@ class RemoteSession : public RetrievalSession {
   absl::StatusOr<Neighbors> Search(MatrixView<const float> queries,
                                    const std::vector<int32_t>& row_group,
                                    const SearchParams& params) override {
+    if (queries.rows <= max_rows_) return SearchPart(queries, row_group, params);
+    // batch x beam above the server's limit: consecutive row ranges, answers concatenated.
+    Neighbors all;
+    all.k = params.k;
+    for (int64_t begin = 0; begin < queries.rows; begin += max_rows_) {
+      const int64_t rows = std::min(max_rows_, queries.rows - begin);
+      const MatrixView<const float> part{queries.row(begin), rows, queries.cols};
+      std::vector<int32_t> part_groups;
+      if (!row_group.empty()) {
+        part_groups.assign(row_group.begin() + begin, row_group.begin() + begin + rows);
+      }
+      ASSIGN_OR_RETURN(Neighbors answer, SearchPart(part, part_groups, params));
+      all.rows += answer.rows;
+      all.distances.insert(all.distances.end(), answer.distances.begin(), answer.distances.end());
+      all.ids.insert(all.ids.end(), answer.ids.begin(), answer.ids.end());
+      all.values.insert(all.values.end(), answer.values.begin(), answer.values.end());
+    }
+    return all;
+  }
+
+ private:
+  absl::StatusOr<Neighbors> SearchPart(MatrixView<const float> queries,
+                                       const std::vector<int32_t>& row_group,
+                                       const SearchParams& params) {
     v1::StreamRequest message;
     v1::SearchRequest* step = message.mutable_step();
     EncodeMatrix(queries, options_->fp16_queries ? v1::DTYPE_FP16 : v1::DTYPE_FP32,
@@ -108,12 +137,11 @@ class RemoteSession : public RetrievalSession {
     absl::Duration backoff = options_->retry_backoff;
     for (int attempt = 0;; ++attempt) {
       absl::StatusOr<Neighbors> result = Attempt(message);
-      if (result.ok() || !IsTransient(result.status().code()) ||
-          attempt >= options_->max_retries) {
+      if (result.ok() || !IsTransient(result.status().code()) || attempt >= options_->max_retries) {
         if (!result.ok() && attempt > 0) {
-          return absl::Status(result.status().code(),
-                              absl::StrCat(result.status().message(), " (after ", attempt,
-                                           " retries)"));
+          return absl::Status(
+              result.status().code(),
+              absl::StrCat(result.status().message(), " (after ", attempt, " retries)"));
         }
         return result;
       }
@@ -123,7 +151,6 @@ class RemoteSession : public RetrievalSession {
     }
   }
 
- private:
   absl::StatusOr<Neighbors> Attempt(const v1::StreamRequest& message) {
     if (stream_ == nullptr) RETURN_IF_ERROR(OpenStream());
     v1::SearchResponse response;
@@ -133,13 +160,12 @@ class RemoteSession : public RetrievalSession {
     if (!ok) {
       absl::Status status = CloseStream();
       if (timed_out) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("retrieval step ", message.step().request_id(), " took longer than ",
-                         absl::FormatDuration(options_->step_deadline), " (", options_->address,
-                         ")"));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "retrieval step ", message.step().request_id(), " took longer than ",
+            absl::FormatDuration(options_->step_deadline), " (", options_->address, ")"));
       }
-      return status.ok() ? absl::UnavailableError(absl::StrCat(
-                               "the retrieval stream to ", options_->address, " ended"))
+      return status.ok() ? absl::UnavailableError(absl::StrCat("the retrieval stream to ",
+                                                               options_->address, " ended"))
                          : status;
     }
     if (response.error_code() != 0) {
@@ -168,13 +194,14 @@ class RemoteSession : public RetrievalSession {
     stream_.reset();
     context_.reset();
     if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat("retrieval stream to ", options_->address,
-                                                    ": ", status.message()));
+    return absl::Status(status.code(), absl::StrCat("retrieval stream to ", options_->address, ": ",
+                                                    status.message()));
   }
 
   v1::Retrieval::Stub* const stub_;
   const RemoteRetrieverOptions* const options_;
   const std::optional<v1::StreamRequest> setup_;
+  const int64_t max_rows_;
   const int64_t id_;
   int64_t steps_ = 0;
   int64_t retries_ = 0;
@@ -186,8 +213,9 @@ class RemoteSession : public RetrievalSession {
 }  // namespace
 
 RemoteRetriever::RemoteRetriever(RemoteRetrieverOptions options,
-                                 std::unique_ptr<v1::Retrieval::Stub> stub, RetrieverInfo info)
-    : options_(std::move(options)), stub_(std::move(stub)), info_(info) {}
+                                 std::unique_ptr<v1::Retrieval::Stub> stub, RetrieverInfo info,
+                                 int64_t max_rows)
+    : options_(std::move(options)), stub_(std::move(stub)), info_(info), max_rows_(max_rows) {}
 
 absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
     const RemoteRetrieverOptions& options) {
@@ -196,9 +224,9 @@ absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
                    MakeChannelCredentials(options.tls));
   // Responses are at most max_rows x max_k neighbours; queries at most max_rows x dim floats.
   const int64_t max_message_bytes = RequestLimits().MaxMessageBytes(4096);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options.address, credentials,
-      MakeChannelArguments(max_message_bytes, options.tls_server_name));
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.address, credentials,
+                                MakeChannelArguments(max_message_bytes, options.tls_server_name));
   std::unique_ptr<v1::Retrieval::Stub> stub = v1::Retrieval::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
@@ -206,9 +234,9 @@ absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
   v1::InfoResponse response;
   grpc::Status status = stub->Info(&context, v1::InfoRequest(), &response);
   if (!status.ok()) {
-    return absl::Status(FromGrpcStatus(status).code(),
-                        absl::StrCat("router ", options.address,
-                                     " did not answer Info: ", status.error_message()));
+    return absl::Status(
+        FromGrpcStatus(status).code(),
+        absl::StrCat("router ", options.address, " did not answer Info: ", status.error_message()));
   }
   ASSIGN_OR_RETURN(Metric metric, MetricFromProto(response.metric()));
   RetrieverInfo info;
@@ -217,7 +245,10 @@ absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
   info.total_vectors = response.total_vectors();
   info.num_sentences = response.num_sentences();
   info.supports_subset = response.supports_subset();
-  return absl::WrapUnique(new RemoteRetriever(options, std::move(stub), info));
+  // A server that does not report its limits enforces the defaults.
+  const int64_t max_rows =
+      response.limits().max_rows() > 0 ? response.limits().max_rows() : RequestLimits().max_rows;
+  return absl::WrapUnique(new RemoteRetriever(options, std::move(stub), info, max_rows));
 }
 
 absl::StatusOr<std::unique_ptr<RetrievalSession>> RemoteRetriever::StartSession(
@@ -225,9 +256,9 @@ absl::StatusOr<std::unique_ptr<RetrievalSession>> RemoteRetriever::StartSession(
   std::optional<v1::StreamRequest> setup;
   if (!groups.empty()) {
     if (!info_.supports_subset) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "subset kNN-MT requested, but the index behind ", options_.address,
-          " has no subset codes"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("subset kNN-MT requested, but the index behind ", options_.address,
+                       " has no subset codes"));
     }
     setup.emplace();
     v1::SessionSetup* s = setup->mutable_setup();
@@ -236,7 +267,7 @@ absl::StatusOr<std::unique_ptr<RetrievalSession>> RemoteRetriever::StartSession(
     }
     s->set_allow_partial(options_.allow_partial);
   }
-  return std::make_unique<RemoteSession>(stub_.get(), &options_, std::move(setup));
+  return std::make_unique<RemoteSession>(stub_.get(), &options_, std::move(setup), max_rows_);
 }
 
 }  // namespace knnserve::knn

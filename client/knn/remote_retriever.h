@@ -22,8 +22,8 @@
 namespace knnserve::knn {
 
 struct RemoteRetrieverOptions {
-  std::string address;  // host:port of the router
-  TlsFiles tls;         // client side: ca verifies the server; cert/key for mTLS
+  std::string address;          // host:port of the router
+  TlsFiles tls;                 // client side: ca verifies the server; cert/key for mTLS
   std::string tls_server_name;  // name the server certificate must carry ("" = the host)
   absl::Duration connect_timeout = absl::Seconds(30);  // first Info call
   absl::Duration step_deadline = absl::Seconds(10);    // one decoding step, retries excluded
@@ -36,7 +36,8 @@ struct RemoteRetrieverOptions {
 // Thread-safe: sessions are independent streams on one channel.
 class RemoteRetriever : public Retriever {
  public:
-  // Connects and asks the server for its Info (dims, metric, sizes).
+  // Connects and asks the server for its Info (dims, metric, sizes, limits). A session's step
+  // with more query rows than the server accepts goes out as several messages, in order.
   static absl::StatusOr<std::unique_ptr<RemoteRetriever>> Create(
       const RemoteRetrieverOptions& options);
 
@@ -45,11 +46,12 @@ class RemoteRetriever : public Retriever {
 
  private:
   RemoteRetriever(RemoteRetrieverOptions options, std::unique_ptr<v1::Retrieval::Stub> stub,
-                  RetrieverInfo info);
+                  RetrieverInfo info, int64_t max_rows);
 
   const RemoteRetrieverOptions options_;
   const std::unique_ptr<v1::Retrieval::Stub> stub_;
   const RetrieverInfo info_;
+  const int64_t max_rows_;  // query rows the server accepts per step (its Info limits)
 };
 
 }  // namespace knnserve::knn

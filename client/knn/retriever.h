@@ -51,8 +51,7 @@ class Retriever {
 
   // Starts a session. `groups` empty: full search at every step. Otherwise the sentence ids
   // (datastore sentence numbers) each group may match; REQUIRES info().supports_subset.
-  virtual absl::StatusOr<std::unique_ptr<RetrievalSession>> StartSession(
-      SubsetGroups groups) = 0;
+  virtual absl::StatusOr<std::unique_ptr<RetrievalSession>> StartSession(SubsetGroups groups) = 0;
 };
 
 }  // namespace knnserve::knn

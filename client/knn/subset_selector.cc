@@ -12,22 +12,14 @@
 
 namespace knnserve::knn {
 
-torch::Tensor AverageEncoderStates(const model::EncoderOutput& encoder_out) {
-  const torch::Tensor keep = encoder_out.padding_mask.logical_not().to(torch::kFloat);  // [B, L]
-  const torch::Tensor states = encoder_out.states.to(torch::kFloat);                  // [B, L, d]
-  const torch::Tensor sum = (states * keep.unsqueeze(-1)).sum(1);
-  const torch::Tensor count = keep.sum(1, /*keepdim=*/true).clamp_min(1);
-  return (sum / count).to(torch::kCPU).contiguous();
-}
-
 absl::StatusOr<std::unique_ptr<SentenceIndexSelector>> SentenceIndexSelector::Create(
     std::unique_ptr<SearchEngine> index, int n) {
   if (n < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--subset-sentences must be >= 1, got ", n));
   }
   if (n > RequestLimits().max_k) {
-    return absl::InvalidArgumentError(absl::StrCat("--subset-sentences must be <= ",
-                                                   RequestLimits().max_k, ", got ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--subset-sentences must be <= ", RequestLimits().max_k, ", got ", n));
   }
   if (index->info().total_vectors == 0) {
     return absl::FailedPreconditionError("the sentence index is empty");
@@ -41,26 +33,25 @@ absl::StatusOr<std::unique_ptr<SentenceIndexSelector>> SentenceIndexSelector::Lo
   options.threads = threads;
   absl::StatusOr<std::unique_ptr<SearchEngine>> index = CreateLocalEngine(dir, options);
   if (!index.ok()) {
-    return absl::Status(index.status().code(), absl::StrCat("sentence index ", dir, ": ",
-                                                            index.status().message()));
+    return absl::Status(index.status().code(),
+                        absl::StrCat("sentence index ", dir, ": ", index.status().message()));
   }
   return Create(*std::move(index), n);
 }
 
 absl::StatusOr<SubsetGroups> SentenceIndexSelector::Select(
     const torch::Tensor& /*src_tokens*/, const model::EncoderOutput& encoder_out) {
-  const torch::Tensor embeddings = AverageEncoderStates(encoder_out);
+  const torch::Tensor embeddings = model::AverageEncoderStates(encoder_out);
   const EngineInfo& info = index_->info();
   if (embeddings.size(1) != info.dim) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sentence embeddings have ", embeddings.size(1), " dims, the sentence index ", info.dim,
-        ": was it built with this model?"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("sentence embeddings have ", embeddings.size(1), " dims, the sentence index ",
+                     info.dim, ": was it built with this model?"));
   }
   v1::SearchRequest request;
   EncodeMatrix({embeddings.data_ptr<float>(), embeddings.size(0), embeddings.size(1)},
                v1::DTYPE_FP32, request.mutable_queries());
-  request.mutable_params()->set_k(
-      static_cast<int>(std::min<int64_t>(n_, info.total_vectors)));
+  request.mutable_params()->set_k(static_cast<int>(std::min<int64_t>(n_, info.total_vectors)));
   ASSIGN_OR_RETURN(SearchQuery query, ParseSearchRequest(request, {info.dim, 0}, limits_));
   ASSIGN_OR_RETURN(EngineResult nearest, index_->Search(query));
   const Neighbors& n = nearest.neighbors;

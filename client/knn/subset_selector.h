@@ -15,12 +15,8 @@
 
 namespace knnserve::knn {
 
-// knn-seq's "AvgEnc": the mean of the encoder output over each sentence's non-padding positions,
-// [batch, d] float32 on the CPU.
-torch::Tensor AverageEncoderStates(const model::EncoderOutput& encoder_out);
-
-// Selects the n nearest datastore sentences (by AverageEncoderStates) in a sentence index whose
-// ids are datastore sentence numbers (`knnserve datastore build` writes it to
+// Selects the n nearest datastore sentences (by model::AverageEncoderStates) in a sentence index
+// whose ids are datastore sentence numbers (`knnserve datastore build` writes it to
 // DIR/sentence_index/, an index directory of one embedding per sentence). Thread-compatible.
 class SentenceIndexSelector : public SubsetSelector {
  public:
@@ -28,8 +24,8 @@ class SentenceIndexSelector : public SubsetSelector {
   static absl::StatusOr<std::unique_ptr<SentenceIndexSelector>> Create(
       std::unique_ptr<SearchEngine> index, int n);
   // Loads the sentence index directory `dir` (all shards) searched with `threads` threads.
-  static absl::StatusOr<std::unique_ptr<SentenceIndexSelector>> Load(const std::string& dir,
-                                                                     int n, int threads);
+  static absl::StatusOr<std::unique_ptr<SentenceIndexSelector>> Load(const std::string& dir, int n,
+                                                                     int threads);
 
   absl::StatusOr<SubsetGroups> Select(const torch::Tensor& src_tokens,
                                       const model::EncoderOutput& encoder_out) override;

@@ -45,9 +45,8 @@ torch::Tensor Activation(const torch::Tensor& x, const std::string& name) {
 // (Module holders are shared pointers: passed by value.)
 torch::Tensor EmbedWithPositions(const TransformerConfig& config, nn::Embedding tokens_embed,
                                  nn::Embedding learned_positions, const torch::Tensor& sinusoidal,
-                                 nn::LayerNorm layernorm_embedding,
-                                 const torch::Tensor& tokens, const torch::Tensor& positions,
-                                 bool training) {
+                                 nn::LayerNorm layernorm_embedding, const torch::Tensor& tokens,
+                                 const torch::Tensor& positions, bool training) {
   const double scale =
       config.no_scale_embedding ? 1.0 : std::sqrt(static_cast<double>(config.d_model));
   torch::Tensor x = tokens_embed->forward(tokens) * scale;
@@ -112,8 +111,8 @@ torch::Tensor MultiheadAttentionImpl::Attend(const torch::Tensor& query, const t
     scores = scores.masked_fill(key_padding_mask.view({batch, 1, 1, k_len}), neg_inf);
   }
   if (causal) {
-    torch::Tensor future = torch::ones({q_len, k_len}, torch::dtype(torch::kBool).device(q.device()))
-                               .triu(1);
+    torch::Tensor future =
+        torch::ones({q_len, k_len}, torch::dtype(torch::kBool).device(q.device())).triu(1);
     scores = scores.masked_fill(future, neg_inf);
   }
   torch::Tensor probs = torch::dropout(torch::softmax(scores, -1), dropout_, is_training());
@@ -123,9 +122,8 @@ torch::Tensor MultiheadAttentionImpl::Attend(const torch::Tensor& query, const t
 
 // ---------------------------------------------------------------------------------------------
 EncoderLayerImpl::EncoderLayerImpl(const TransformerConfig& config) : config_(config) {
-  self_attn = register_module(
-      "self_attn", MultiheadAttention(config.d_model, config.encoder_heads,
-                                      config.attention_dropout));
+  self_attn = register_module("self_attn", MultiheadAttention(config.d_model, config.encoder_heads,
+                                                              config.attention_dropout));
   self_attn_layer_norm = register_module("self_attn_layer_norm", MakeLayerNorm(config.d_model));
   fc1 = register_module("fc1", MakeLinear(config.d_model, config.encoder_ffn_dim));
   fc2 = register_module("fc2", MakeLinear(config.encoder_ffn_dim, config.d_model));
@@ -153,13 +151,12 @@ torch::Tensor EncoderLayerImpl::forward(torch::Tensor x, const torch::Tensor& pa
 
 // ---------------------------------------------------------------------------------------------
 DecoderLayerImpl::DecoderLayerImpl(const TransformerConfig& config) : config_(config) {
-  self_attn = register_module(
-      "self_attn", MultiheadAttention(config.d_model, config.decoder_heads,
-                                      config.attention_dropout));
+  self_attn = register_module("self_attn", MultiheadAttention(config.d_model, config.decoder_heads,
+                                                              config.attention_dropout));
   self_attn_layer_norm = register_module("self_attn_layer_norm", MakeLayerNorm(config.d_model));
   encoder_attn = register_module(
-      "encoder_attn", MultiheadAttention(config.d_model, config.decoder_heads,
-                                         config.attention_dropout));
+      "encoder_attn",
+      MultiheadAttention(config.d_model, config.decoder_heads, config.attention_dropout));
   encoder_attn_layer_norm =
       register_module("encoder_attn_layer_norm", MakeLayerNorm(config.d_model));
   fc1 = register_module("fc1", MakeLinear(config.d_model, config.decoder_ffn_dim));
@@ -217,14 +214,13 @@ torch::Tensor DecoderLayerImpl::FeedForward(torch::Tensor x, torch::Tensor* ffn_
 }
 
 // ---------------------------------------------------------------------------------------------
-TransformerEncoderImpl::TransformerEncoderImpl(const TransformerConfig& config,
-                                               nn::Embedding embed)
+TransformerEncoderImpl::TransformerEncoderImpl(const TransformerConfig& config, nn::Embedding embed)
     : config_(config) {
   const int64_t num_positions = config.max_source_positions + config.pad_id + 1;
   embed_tokens = register_module("embed_tokens", std::move(embed));
   if (config.learned_positions) {
-    embed_positions = register_module(
-        "embed_positions", MakeEmbedding(num_positions, config.d_model, config.pad_id));
+    embed_positions = register_module("embed_positions",
+                                      MakeEmbedding(num_positions, config.d_model, config.pad_id));
   } else {
     sinusoidal_ = SinusoidalTable(num_positions, config.d_model, config.pad_id);
   }
@@ -250,14 +246,13 @@ EncoderOutput TransformerEncoderImpl::forward(const torch::Tensor& src_tokens) {
 }
 
 // ---------------------------------------------------------------------------------------------
-TransformerDecoderImpl::TransformerDecoderImpl(const TransformerConfig& config,
-                                               nn::Embedding embed)
+TransformerDecoderImpl::TransformerDecoderImpl(const TransformerConfig& config, nn::Embedding embed)
     : config_(config) {
   const int64_t num_positions = config.max_target_positions + config.pad_id + 1;
   embed_tokens = register_module("embed_tokens", std::move(embed));
   if (config.learned_positions) {
-    embed_positions = register_module(
-        "embed_positions", MakeEmbedding(num_positions, config.d_model, config.pad_id));
+    embed_positions = register_module("embed_positions",
+                                      MakeEmbedding(num_positions, config.d_model, config.pad_id));
   } else {
     sinusoidal_ = SinusoidalTable(num_positions, config.d_model, config.pad_id);
   }
@@ -286,8 +281,7 @@ torch::Tensor TransformerDecoderImpl::Embed(const torch::Tensor& tokens,
 
 DecoderOutput TransformerDecoderImpl::forward(const torch::Tensor& prev_tokens,
                                               const EncoderOutput& encoder_out) {
-  return Run(Embed(prev_tokens, MakePositions(prev_tokens, config_.pad_id)), encoder_out,
-             nullptr);
+  return Run(Embed(prev_tokens, MakePositions(prev_tokens, config_.pad_id)), encoder_out, nullptr);
 }
 
 DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out) {
@@ -304,11 +298,9 @@ DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out)
 }
 
 DecoderOutput TransformerDecoderImpl::Step(const torch::Tensor& tokens,
-                                           const EncoderOutput& encoder_out,
-                                           DecoderState& state) {
-  torch::Tensor positions =
-      torch::full({tokens.size(0), 1}, config_.pad_id + 1 + state.step,
-                  torch::dtype(torch::kLong).device(tokens.device()));
+                                           const EncoderOutput& encoder_out, DecoderState& state) {
+  torch::Tensor positions = torch::full({tokens.size(0), 1}, config_.pad_id + 1 + state.step,
+                                        torch::dtype(torch::kLong).device(tokens.device()));
   DecoderOutput out = Run(Embed(tokens.view({-1, 1}), positions), encoder_out, &state);
   ++state.step;
   return out;
@@ -325,8 +317,8 @@ DecoderOutput TransformerDecoderImpl::Run(torch::Tensor x, const EncoderOutput& 
   }
   if (layer_norm) x = layer_norm->forward(x);
   out.features = x;
-  out.logits = output_projection ? output_projection->forward(x)
-                                 : torch::linear(x, embed_tokens->weight);
+  out.logits =
+      output_projection ? output_projection->forward(x) : torch::linear(x, embed_tokens->weight);
   return out;
 }
 
@@ -353,10 +345,20 @@ std::vector<std::pair<std::string, torch::Tensor>> TransformerModelImpl::UniqueN
   return unique;
 }
 
+torch::Tensor AverageEncoderStates(const EncoderOutput& encoder_out) {
+  // Summed in float32 whatever the model's dtype: a half-precision sum over long sentences
+  // would lose the digits that separate near neighbours.
+  const torch::Tensor keep = encoder_out.padding_mask.logical_not().to(torch::kFloat);  // [B, L]
+  const torch::Tensor states = encoder_out.states.to(torch::kFloat);                    // [B, L, d]
+  const torch::Tensor sum = (states * keep.unsqueeze(-1)).sum(1);
+  const torch::Tensor count = keep.sum(1, /*keepdim=*/true).clamp_min(1);
+  return (sum / count).to(torch::kCPU).contiguous();
+}
+
 void ReorderDecoderState(DecoderState& state, const torch::Tensor& index) {
   for (DecoderState::Layer& layer : state.layers) {
-    for (torch::Tensor* t : {&layer.self_k, &layer.self_v, &layer.enc_k, &layer.enc_v,
-                             &layer.enc_padding_mask}) {
+    for (torch::Tensor* t :
+         {&layer.self_k, &layer.self_v, &layer.enc_k, &layer.enc_v, &layer.enc_padding_mask}) {
       if (t->defined()) *t = t->index_select(0, index);
     }
   }

@@ -37,6 +37,11 @@ struct EncoderOutput {
   torch::Tensor padding_mask;  // [batch, src_len] bool, true at padding
 };
 
+// The sentence embedding of subset kNN-MT (knn-seq's "AvgEnc"): the mean of the encoder output
+// over each sentence's non-padding positions (EOS included), [batch, d] float32 on the CPU.
+// The datastore's sentence keys and the decoder's subset queries both use it.
+torch::Tensor AverageEncoderStates(const EncoderOutput& encoder_out);
+
 struct DecoderOutput {
   torch::Tensor logits;    // [batch, tgt_len, V_tgt] (unnormalized)
   torch::Tensor features;  // [batch, tgt_len, d]: the input of the output projection (kNN key)
@@ -47,12 +52,12 @@ struct DecoderOutput {
 // are selected or finished rows dropped.
 struct DecoderState {
   struct Layer {
-    torch::Tensor self_k, self_v;  // [batch, heads, steps so far, head_dim]
-    torch::Tensor enc_k, enc_v;    // [batch, heads, src_len, head_dim]
+    torch::Tensor self_k, self_v;    // [batch, heads, steps so far, head_dim]
+    torch::Tensor enc_k, enc_v;      // [batch, heads, src_len, head_dim]
     torch::Tensor enc_padding_mask;  // [batch, src_len], rows as enc_k
   };
   std::vector<Layer> layers;
-  int64_t step = 0;                    // number of tokens already fed
+  int64_t step = 0;  // number of tokens already fed
 };
 
 class MultiheadAttentionImpl : public torch::nn::Module {

@@ -67,9 +67,10 @@ TEST(InterpolateKnnTest, WeightOneIsKnnAloneWithoutNaNOrInfinity) {
 TEST(InterpolateKnnTest, RowsWithoutUsableNeighboursKeepTheModel) {
   const torch::Tensor lp = torch::log_softmax(torch::randn({2, 5}), 1);
   // Row 0: only missing neighbours; row 1: beyond the threshold.
-  const Neighbors n = MakeNeighbors(2, 2, {std::numeric_limits<float>::infinity(),
-                                           std::numeric_limits<float>::infinity(), 50, 60},
-                                    {-1, -1, 2, 3});
+  const Neighbors n = MakeNeighbors(
+      2, 2,
+      {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity(), 50, 60},
+      {-1, -1, 2, 3});
   KnnOptions options;
   options.weight = 0.9;
   options.threshold = 40;

@@ -2,6 +2,7 @@
 // the test pairs themselves: embedded and remote (real shard and router servers on 127.0.0.1).
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "client/decode/search.h"
@@ -120,15 +121,14 @@ TEST_F(KnnDecodeTest, DatastoreOfTheTestPairsReproducesTheReferences) {
 }
 
 TEST_F(KnnDecodeTest, SubsetOverAllSentencesEqualsFullSearch) {
-  // Full search of an exhaustive PQ index (PQ8np: 4-dim sub-quantizers, 256 centroids for ~400 keys: nearly exact) and subset
-  // ADC over every sentence scan the same
-  // codes with the same tables: the same neighbours, hence the same translations.
+  // Full search of an exhaustive PQ index (PQ8np: 4-dim sub-quantizers, 256 centroids for ~400
+  // keys: nearly exact) and subset ADC over every sentence scan the same codes with the same
+  // tables: the same neighbours, hence the same translations.
   const torch::Tensor src = SourceBatch(*pairs_);
   auto retriever = Local(*pq_);
   ASSERT_TRUE(retriever->info().supports_subset);
-  ASSERT_OK_AND_ASSIGN(auto selector,
-                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir,
-                                                        pq_->num_sentences, 1));
+  ASSERT_OK_AND_ASSIGN(auto selector, knn::SentenceIndexSelector::Load(pq_->sentence_index_dir,
+                                                                       pq_->num_sentences, 1));
   knn::KnnOptions options;
   options.weight = 0.7;
   options.k = 4;
@@ -169,7 +169,9 @@ TEST_F(KnnDecodeTest, SubsetOfTheNearestSentenceFindsTheReference) {
 
 // Two shards x `replicas` shard servers over an index directory, and a router in front.
 struct Cluster {
-  Cluster(const TestDatastore& ds, int replicas) {
+  // router_options: FastRouterOptions() unless given.
+  Cluster(const TestDatastore& ds, int replicas,
+          std::optional<RouterOptions> router_options = std::nullopt) {
     for (int r = 0; r < replicas; ++r) {
       for (int s = 0; s < 2; ++s) {
         absl::StatusOr<std::unique_ptr<SearchEngine>> engine = CreateEngine(ds.index_dir, s, {});
@@ -178,14 +180,13 @@ struct Cluster {
         map[s].push_back(shards.back()->address());
       }
     }
-    router = std::make_unique<TestRouter>(map, FastRouterOptions());
+    router = std::make_unique<TestRouter>(map, router_options.value_or(FastRouterOptions()));
   }
 
   std::unique_ptr<knn::RemoteRetriever> Retriever() const {
     knn::RemoteRetrieverOptions options;
     options.address = router->address();
-    absl::StatusOr<std::unique_ptr<knn::RemoteRetriever>> r =
-        knn::RemoteRetriever::Create(options);
+    absl::StatusOr<std::unique_ptr<knn::RemoteRetriever>> r = knn::RemoteRetriever::Create(options);
     EXPECT_OK(r.status());
     return *std::move(r);
   }
@@ -195,17 +196,24 @@ struct Cluster {
   std::unique_ptr<TestRouter> router;
 };
 
-// The test servers accept at most 256 query rows per request (TestLimits): 40 sentences x beam 5.
+// 40 sentences x beam 5 = 200 query rows per step: within the 256 the test servers accept
+// (TestLimits), so a step is one message unless a test lowers the limit.
 torch::Tensor RemoteBatch(const std::vector<TokenPair>& pairs) {
   return SourceBatch(std::vector<TokenPair>(pairs.begin(), pairs.begin() + 40));
 }
 
-TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
-  const torch::Tensor src = RemoteBatch(*pairs_);
+// A strong kNN-MT interpolation, so that a retrieval difference shows in the translations.
+knn::KnnOptions RemoteTestOptions() {
   knn::KnnOptions options;
   options.weight = 0.6;
   options.k = 6;
   options.temperature = 3;
+  return options;
+}
+
+TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
+  const torch::Tensor src = RemoteBatch(*pairs_);
+  const knn::KnnOptions options = RemoteTestOptions();
   for (const TestDatastore* ds : {flat_, pq_}) {
     Cluster cluster(*ds, 1);
     auto remote = cluster.Retriever();
@@ -222,12 +230,28 @@ TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
   auto remote = cluster.Retriever();
   auto local = Local(*pq_);
   ASSERT_OK_AND_ASSIGN(auto selector,
-                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir,
-                                                        8, 1));
+                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir, 8, 1));
   auto remote_processor = MakeProcessor(remote.get(), options, selector.get());
   auto local_processor = MakeProcessor(local.get(), options, selector.get());
   EXPECT_EQ(Decode(*model_, src, remote_processor.get(), 5),
             Decode(*model_, src, local_processor.get(), 5));
+}
+
+// batch x beam query rows per step above the router's max_rows: the retriever sends each step
+// in pieces and the translation does not change.
+TEST_F(KnnDecodeTest, StepsLargerThanTheRouterAcceptsAreSentInPieces) {
+  const torch::Tensor src = RemoteBatch(*pairs_);
+  const knn::KnnOptions options = RemoteTestOptions();
+  RouterOptions router_options = FastRouterOptions();
+  router_options.limits.max_rows = 3;  // fewer than the beam alone
+  Cluster cluster(*flat_, 1, router_options);
+  auto remote = cluster.Retriever();
+  auto local = Local(*flat_);
+  auto remote_processor = MakeProcessor(remote.get(), options);
+  auto local_processor = MakeProcessor(local.get(), options);
+  EXPECT_EQ(Decode(*model_, src, remote_processor.get(), 5),
+            Decode(*model_, src, local_processor.get(), 5));
+  EXPECT_EQ(remote_processor->stats().steps, local_processor->stats().steps);
 }
 
 // Kills a replica once the decoding has run `at_step` steps, then lets the step go on.
@@ -253,10 +277,7 @@ class KillingProcessor : public decode::LogitsProcessor {
 
 TEST_F(KnnDecodeTest, TranslationSurvivesAKilledReplica) {
   const torch::Tensor src = RemoteBatch(*pairs_);
-  knn::KnnOptions options;
-  options.weight = 0.6;
-  options.k = 6;
-  options.temperature = 3;
+  const knn::KnnOptions options = RemoteTestOptions();
   auto local = Local(*flat_);
   auto local_processor = MakeProcessor(local.get(), options);
   const auto expected = Decode(*model_, src, local_processor.get(), 5);
@@ -272,8 +293,8 @@ TEST_F(KnnDecodeTest, RemoteStepDeadlineAndUnreachableRouterAreClearErrors) {
   options.address = "127.0.0.1:1";
   options.connect_timeout = absl::Milliseconds(300);
   absl::StatusOr<std::unique_ptr<knn::RemoteRetriever>> r = knn::RemoteRetriever::Create(options);
-  EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                   ::testing::HasSubstr("127.0.0.1:1")));
+  EXPECT_THAT(r.status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("127.0.0.1:1")));
 }
 
 }  // namespace

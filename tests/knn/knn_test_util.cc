@@ -43,9 +43,8 @@ std::vector<TokenPair> MakePairs(int n, uint32_t seed) {
 torch::Tensor SourceBatch(const std::vector<TokenPair>& pairs) {
   size_t longest = 0;
   for (const TokenPair& p : pairs) longest = std::max(longest, p.source.size() + 1);
-  torch::Tensor batch = torch::full({static_cast<int64_t>(pairs.size()),
-                                     static_cast<int64_t>(longest)},
-                                    1, torch::kLong);  // pad
+  torch::Tensor batch = torch::full(
+      {static_cast<int64_t>(pairs.size()), static_cast<int64_t>(longest)}, 1, torch::kLong);  // pad
   for (size_t i = 0; i < pairs.size(); ++i) {
     for (size_t j = 0; j < pairs[i].source.size(); ++j) {
       batch[i][j] = pairs[i].source[j];
@@ -77,13 +76,13 @@ TestDatastore BuildTestDatastore(model::TransformerModel& model,
     for (int64_t t : pair.target) values.tokens.push_back(static_cast<int32_t>(t));
     values.tokens.push_back(static_cast<int32_t>(eos));
     values.offsets.push_back(static_cast<int64_t>(values.tokens.size()));
-    const torch::Tensor embedding = knn::AverageEncoderStates(encoded);
+    const torch::Tensor embedding = model::AverageEncoderStates(encoded);
     sentence_keys.insert(sentence_keys.end(), embedding.data_ptr<float>(),
                          embedding.data_ptr<float>() + embedding.numel());
   }
   const std::string dir = FreshTempDir("knn_" + name).string();
-  const MatrixView<const float> key_view{keys.data(),
-                                         static_cast<int64_t>(values.tokens.size()), kTinyDim};
+  const MatrixView<const float> key_view{keys.data(), static_cast<int64_t>(values.tokens.size()),
+                                         kTinyDim};
   IndexBuildOptions options;
   options.factory = factory;
   options.shards = shards;
@@ -95,10 +94,10 @@ TestDatastore BuildTestDatastore(model::TransformerModel& model,
   options.shards = 1;
   const MatrixView<const float> sentence_view{sentence_keys.data(),
                                               static_cast<int64_t>(pairs.size()), kTinyDim};
-  manifest = BuildIndex(MatrixKeySource(sentence_view), nullptr, options,
-                        dir + "/sentence_index");
+  manifest = BuildIndex(MatrixKeySource(sentence_view), nullptr, options, dir + "/sentence_index");
   KNNSERVE_CHECK(manifest.ok(), std::string(manifest.status().message()).c_str());
-  return {dir + "/index", dir + "/sentence_index", static_cast<int64_t>(pairs.size()), static_cast<int64_t>(values.tokens.size())};
+  return {dir + "/index", dir + "/sentence_index", static_cast<int64_t>(pairs.size()),
+          static_cast<int64_t>(values.tokens.size())};
 }
 
 }  // namespace knnserve::testing

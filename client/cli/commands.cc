@@ -1,0 +1,23 @@
+#include "client/cli/commands.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace knnserve::cli {
+
+void ExitOnError(const absl::Status& status) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "error: %s\n", std::string(status.message()).c_str());
+  throw CLI::RuntimeError(1);
+}
+
+void AdviseWaitPolicy() {
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    std::fprintf(stderr,
+                 "note: OMP_WAIT_POLICY is unset; on a shared or busy machine "
+                 "OMP_WAIT_POLICY=PASSIVE is several times faster (docs/model.md)\n");
+  }
+}
+
+}  // namespace knnserve::cli
