@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/commands.h"
 #include "client/data/parallel_corpus.h"
+#include "client/datastore/pipeline.h"
 #include "client/decode/search.h"
 #include "client/eval/bleu.h"
 #include "client/knn/knn_processor.h"
@@ -125,9 +126,12 @@ absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
 
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
 // selector for subset-knn, and a processor with flags.knn.
-absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, int threads) {
+absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads) {
   KnnSetup setup;
   if (flags.mode == "base") return setup;
+  if (!flags.datastore.empty()) {
+    RETURN_IF_ERROR(datastore::CheckDatastoreForDecoding(flags.datastore, model_path));
+  }
   if (flags.index_dir.empty() && flags.router.empty() && !flags.datastore.empty()) {
     flags.index_dir = absl::StrCat(flags.datastore, "/index");
   }
@@ -236,7 +240,7 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
-  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.threads);
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads);
   ExitOnError(knn.status());
   const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
   absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
@@ -358,7 +362,7 @@ void RunTune(TuneFlags& flags) {
   }
   decode::SearchOptions search;
   search.beam_size = flags.beam;
-  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.threads);
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads);
   ExitOnError(knn.status());
   KnnSetup base;
   auto score = [&](KnnSetup& setup) -> double {

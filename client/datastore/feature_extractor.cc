@@ -58,7 +58,7 @@ class TransformerExtractor : public FeatureExtractor {
       model::EncoderOutput encoded = model_->Encode(Source(batch));
       torch::Tensor prev =
           PadRows(batch.targets, config_.pad_id, /*shift_eos=*/true, config_.eos_id).to(device_);
-      model::DecoderOutput decoded = model_->Decode(prev, encoded);
+      model::DecoderOutput decoded = model_->Decode(prev, encoded, /*with_logits=*/false);
       torch::Tensor features =
           (ffn_in_ ? decoded.ffn_in : decoded.features).to(torch::kCPU, torch::kFloat).contiguous();
       int64_t rows = 0;

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +20,9 @@ namespace knnserve::datastore {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr char kModelInput[] = "model_sha256";
+constexpr char kFeatureInput[] = "feature";  // the keys' feature (absent before it was recorded)
 
 std::string Join(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
@@ -159,7 +163,8 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
   const std::map<std::string, std::string> inputs = {
       {"corpus_sha256", corpus.sha256},
       {"tokenizer_sha256", Sha256Hex(tokenizer->serialized())},
-      {"model_sha256", model.sha256}};
+      {kModelInput, model.sha256},
+      {kFeatureInput, options.feature}};
   ASSIGN_OR_RETURN(std::optional<DatastoreManifest> existing,
                    ReadDatastoreManifest(options.out_dir));
   DatastoreManifest manifest = existing ? *existing : DatastoreManifest();
@@ -218,6 +223,31 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
         [&] { return VerifyIndexDirectory(dir); }));
   }
   return pipeline.results();
+}
+
+absl::Status CheckDatastoreForDecoding(const std::string& dir, const std::string& model_path) {
+  ASSIGN_OR_RETURN(const std::optional<DatastoreManifest> manifest, ReadDatastoreManifest(dir));
+  if (!manifest.has_value()) return absl::OkStatus();
+  const auto recorded = [&](const char* name) -> std::string {
+    auto it = manifest->inputs.find(name);
+    return it == manifest->inputs.end() ? "" : it->second;
+  };
+  const std::string feature = recorded(kFeatureInput);
+  if (!feature.empty() && feature != kFeatureDecoderOut) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("datastore ", dir, " has ", feature, " keys; the kNN-MT decoder queries with ",
+                     kFeatureDecoderOut, " (rebuild it with --feature ", kFeatureDecoderOut, ")"));
+  }
+  ASSIGN_OR_RETURN(const FileDigest model, DigestFile(model_path));
+  const std::string built_with = recorded(kModelInput);
+  if (!built_with.empty() && built_with != model.sha256) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("datastore ", dir, " was built with the model of SHA-256 ", built_with,
+                     ", not ", model_path, " (", model.sha256,
+                     "): its keys do not match this model's features; "
+                     "translate with that model or rebuild the datastore"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace knnserve::datastore

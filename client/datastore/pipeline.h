@@ -61,10 +61,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& toke
                                                          const std::string& model_path);
 
 // The values step with `tokenizer` (options.tokenizer is filled from it).
-absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer,
-                                           ValuesBuildOptions options);
+absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer, ValuesBuildOptions options);
 
 absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& options);
+
+// Whether kNN-MT decoding with the checkpoint `model_path` may use the datastore in `dir`: the
+// decoder queries with its output features (kFeatureDecoderOut), so the keys must come from that
+// model (same SHA-256) and that feature. FAILED_PRECONDITION naming the mismatch otherwise. A
+// directory without datastore.json (an index assembled by hand) passes unchecked.
+absl::Status CheckDatastoreForDecoding(const std::string& dir, const std::string& model_path);
 
 }  // namespace knnserve::datastore
 

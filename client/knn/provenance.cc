@@ -41,7 +41,9 @@ absl::StatusOr<std::string> ProvenancePrinter::Explain(
     torch::NoGradGuard no_grad;
     model::EncoderOutput encoded = model->Encode(src);
     features =
-        model->Decode(torch::tensor(prev, torch::kLong).unsqueeze(0), encoded).features.squeeze(0);
+        model
+            ->Decode(torch::tensor(prev, torch::kLong).unsqueeze(0), encoded, /*with_logits=*/false)
+            .features.squeeze(0);
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("provenance pass failed: ", e.what_without_backtrace()));

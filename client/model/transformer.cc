@@ -280,8 +280,9 @@ torch::Tensor TransformerDecoderImpl::Embed(const torch::Tensor& tokens,
 }
 
 DecoderOutput TransformerDecoderImpl::forward(const torch::Tensor& prev_tokens,
-                                              const EncoderOutput& encoder_out) {
-  return Run(Embed(prev_tokens, MakePositions(prev_tokens, config_.pad_id)), encoder_out, nullptr);
+                                              const EncoderOutput& encoder_out, bool with_logits) {
+  return Run(Embed(prev_tokens, MakePositions(prev_tokens, config_.pad_id)), encoder_out, nullptr,
+             with_logits);
 }
 
 DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out) {
@@ -301,13 +302,14 @@ DecoderOutput TransformerDecoderImpl::Step(const torch::Tensor& tokens,
                                            const EncoderOutput& encoder_out, DecoderState& state) {
   torch::Tensor positions = torch::full({tokens.size(0), 1}, config_.pad_id + 1 + state.step,
                                         torch::dtype(torch::kLong).device(tokens.device()));
-  DecoderOutput out = Run(Embed(tokens.view({-1, 1}), positions), encoder_out, &state);
+  DecoderOutput out =
+      Run(Embed(tokens.view({-1, 1}), positions), encoder_out, &state, /*with_logits=*/true);
   ++state.step;
   return out;
 }
 
 DecoderOutput TransformerDecoderImpl::Run(torch::Tensor x, const EncoderOutput& encoder_out,
-                                          DecoderState* state) {
+                                          DecoderState* state, bool with_logits) {
   DecoderOutput out;
   const size_t num_layers = layers->size();
   for (size_t i = 0; i < num_layers; ++i) {
@@ -317,6 +319,7 @@ DecoderOutput TransformerDecoderImpl::Run(torch::Tensor x, const EncoderOutput& 
   }
   if (layer_norm) x = layer_norm->forward(x);
   out.features = x;
+  if (!with_logits) return out;
   out.logits =
       output_projection ? output_projection->forward(x) : torch::linear(x, embed_tokens->weight);
   return out;

@@ -138,7 +138,10 @@ class TransformerDecoderImpl : public torch::nn::Module {
  public:
   TransformerDecoderImpl(const TransformerConfig& config, torch::nn::Embedding embed_tokens);
   // Teacher-forced: prev_tokens [batch, tgt_len] = EOS followed by the target shifted right.
-  DecoderOutput forward(const torch::Tensor& prev_tokens, const EncoderOutput& encoder_out);
+  // with_logits false leaves `logits` undefined: feature extraction skips the output
+  // projection, a third of the decoder's work with an 8k vocabulary.
+  DecoderOutput forward(const torch::Tensor& prev_tokens, const EncoderOutput& encoder_out,
+                        bool with_logits = true);
   // Incremental decoding: computes the encoder keys/values once.
   DecoderState InitState(const EncoderOutput& encoder_out);
   // tokens [batch]: the last token of every row (EOS at step 0). Outputs have tgt_len == 1.
@@ -154,7 +157,8 @@ class TransformerDecoderImpl : public torch::nn::Module {
 
  private:
   torch::Tensor Embed(const torch::Tensor& tokens, const torch::Tensor& positions);
-  DecoderOutput Run(torch::Tensor x, const EncoderOutput& encoder_out, DecoderState* state);
+  DecoderOutput Run(torch::Tensor x, const EncoderOutput& encoder_out, DecoderState* state,
+                    bool with_logits);
   const TransformerConfig config_;
   torch::Tensor sinusoidal_;
 };
@@ -168,8 +172,9 @@ class TransformerModelImpl : public torch::nn::Module {
   const TransformerConfig& config() const { return config_; }
 
   EncoderOutput Encode(const torch::Tensor& src_tokens) { return encoder->forward(src_tokens); }
-  DecoderOutput Decode(const torch::Tensor& prev_tokens, const EncoderOutput& encoder_out) {
-    return decoder->forward(prev_tokens, encoder_out);
+  DecoderOutput Decode(const torch::Tensor& prev_tokens, const EncoderOutput& encoder_out,
+                       bool with_logits = true) {
+    return decoder->forward(prev_tokens, encoder_out, with_logits);
   }
   DecoderState InitDecoderState(const EncoderOutput& encoder_out) {
     return decoder->InitState(encoder_out);

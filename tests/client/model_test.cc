@@ -150,5 +150,17 @@ TEST(TransformerTest, EncoderPaddingDoesNotChangeResults) {
   EXPECT_LT((batched.logits[1] - single.logits[0]).abs().max().item<float>(), 1e-5);
 }
 
+TEST(TransformerTest, FeaturesWithoutLogitsEqualTheFullDecode) {
+  torch::NoGradGuard no_grad;
+  TransformerModel model = TinyModel();
+  const EncoderOutput encoded = model->Encode(RandomSources({7, 4}, 40));
+  const torch::Tensor prev = torch::tensor({{2, 5, 6}, {2, 8, 1}}, torch::kLong);
+  const DecoderOutput full = model->Decode(prev, encoded);
+  const DecoderOutput features = model->Decode(prev, encoded, /*with_logits=*/false);
+  EXPECT_FALSE(features.logits.defined());
+  EXPECT_TRUE(torch::equal(features.features, full.features));
+  EXPECT_TRUE(torch::equal(features.ffn_in, full.ffn_in));
+}
+
 }  // namespace
 }  // namespace knnserve::model

@@ -1,5 +1,6 @@
 // `datastore build`: every step runs once, a rerun skips verified outputs, a corrupted output
-// is recomputed with everything after it, and another model's directory is refused.
+// is recomputed with everything after it, another model's directory is refused, and decoding
+// checks that the keys came from its model and feature.
 #include "client/datastore/pipeline.h"
 
 #include <filesystem>
@@ -14,8 +15,8 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/temp_dir.h"
 #include "tests/datastore/tiny_setup.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::datastore {
 namespace {
@@ -104,6 +105,20 @@ TEST_F(PipelineTest, ADirectoryBuiltWithAnotherModelIsRefused) {
   ASSERT_OK_AND_ASSIGN(const auto manifest, ReadDatastoreManifest(Path("ds")));
   ASSERT_TRUE(manifest.has_value());
   EXPECT_EQ(manifest->steps.size(), 5u);  // nothing of the first build was lost
+}
+
+TEST_F(PipelineTest, DecodingNeedsTheModelAndFeatureTheKeysCameFrom) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  EXPECT_OK(CheckDatastoreForDecoding(Path("ds"), Tiny().model_path));
+  EXPECT_THAT(CheckDatastoreForDecoding(Path("ds"), Tiny().other_model_path),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("built with the model")));
+  BuildOptions ffn = Options();
+  ffn.out_dir = Path("ffn");
+  ffn.feature = kFeatureFfnIn;
+  ASSERT_OK(BuildDatastore(ffn).status());
+  EXPECT_THAT(CheckDatastoreForDecoding(Path("ffn"), Tiny().model_path),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ffn_in keys")));
+  EXPECT_OK(CheckDatastoreForDecoding(Path("no-manifest"), Tiny().model_path));
 }
 
 }  // namespace
