@@ -2,11 +2,15 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -35,6 +39,14 @@ absl::Status FsyncDirectory(const std::string& dir) {
   ::close(fd);
   if (rc != 0) return ErrnoError("cannot fsync directory", dir);
   return absl::OkStatus();
+}
+
+// Completes a publication once the temporary file's data is on disk.
+absl::Status RenameDurably(const std::string& temp_path, const std::string& final_path) {
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    return ErrnoError(absl::StrCat("cannot rename ", temp_path, " to"), final_path);
+  }
+  return FsyncDirectory(DirectoryOf(final_path));
 }
 
 }  // namespace
@@ -111,11 +123,10 @@ absl::StatusOr<FileDigest> AtomicFileWriter::Commit() {
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) return ErrnoError("cannot close", temp_path_);
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    return ErrnoError(absl::StrCat("cannot rename ", temp_path_, " to"), path_);
-  }
-  committed_ = true;
-  if (absl::Status s = FsyncDirectory(DirectoryOf(path_)); !s.ok()) return s;
+  const absl::Status published = RenameDurably(temp_path_, path_);
+  // A failed rename leaves the temporary file for the destructor to remove.
+  committed_ = published.ok() || !std::filesystem::exists(temp_path_);
+  if (!published.ok()) return published;
   return FileDigest{bytes_, sha_.HexDigest()};
 }
 
@@ -124,6 +135,76 @@ absl::StatusOr<FileDigest> WriteFileAtomically(const std::string& path, absl::st
   if (!writer.ok()) return writer.status();
   if (absl::Status s = (*writer)->Append(data); !s.ok()) return s;
   return (*writer)->Commit();
+}
+
+std::string PartialPath(const std::string& path) { return path + ".partial"; }
+
+absl::Status PublishFile(const std::string& temp_path, const std::string& final_path) {
+  const int fd = ::open(temp_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", temp_path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return ErrnoError("cannot fsync", temp_path);
+  return RenameDurably(temp_path, final_path);
+}
+
+absl::Status CheckRoomFor(const std::string& path, int64_t final_bytes) {
+  struct statvfs fs;
+  if (::statvfs(DirectoryOf(path).c_str(), &fs) != 0) {
+    return ErrnoError("cannot stat the file system of", path);
+  }
+  const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  std::error_code error;
+  const auto existing = std::filesystem::file_size(path, error);
+  const int64_t needed = final_bytes - (error ? 0 : static_cast<int64_t>(existing));
+  constexpr double kMiB = 1 << 20;
+  if (needed > free_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s needs %.1f MiB more, its file system has %.1f MiB free", path,
+                        needed / kMiB, free_bytes / kMiB));
+  }
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(final_bytes) > limit.rlim_cur) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s will hold %.1f MiB, over this process's file size limit of %.1f MiB (ulimit -f)", path,
+        final_bytes / kMiB, limit.rlim_cur / kMiB));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  std::vector<char> buffer(4 << 20);
+  Sha256 sha;
+  FileDigest digest;
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      absl::Status error = ErrnoError("cannot read", path);
+      ::close(fd);
+      return error;
+    }
+    if (n == 0) break;
+    sha.Update(buffer.data(), static_cast<size_t>(n));
+    digest.bytes += n;
+  }
+  ::close(fd);
+  digest.sha256 = sha.HexDigest();
+  return digest;
+}
+
+absl::Status VerifyFile(const std::string& path, const FileDigest& expected) {
+  absl::StatusOr<FileDigest> actual = DigestFile(path);
+  if (!actual.ok()) return actual.status();
+  if (actual->bytes != expected.bytes || actual->sha256 != expected.sha256) {
+    return absl::DataLossError(absl::StrCat(
+        path, " has ", actual->bytes, " bytes, sha256 ", actual->sha256, "; the manifest says ",
+        expected.bytes, " bytes, sha256 ", expected.sha256, " (truncated, corrupted or replaced)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {

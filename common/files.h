@@ -71,6 +71,24 @@ class AtomicFileWriter {
 // One-shot atomic write of `data` to `path`.
 absl::StatusOr<FileDigest> WriteFileAtomically(const std::string& path, absl::string_view data);
 
+// For outputs written by libraries that own their file handles (HDF5): build the file under a
+// temporary name, then PublishFile() it like AtomicFileWriter::Commit() does.
+// "<path>.partial": where such an output is built (and resumed) before it is published.
+std::string PartialPath(const std::string& path);
+// fsync(temp_path), rename it to final_path, fsync final_path's directory.
+absl::Status PublishFile(const std::string& temp_path, const std::string& final_path);
+
+// RESOURCE_EXHAUSTED naming `path` when a file of `final_bytes` cannot be written there: more
+// than its file system has free (counting what `path` already holds) or than the process's file
+// size limit (RLIMIT_FSIZE). Lets a long step fail before its work, with a clear message, rather
+// than on a full disk midway.
+absl::Status CheckRoomFor(const std::string& path, int64_t final_bytes);
+
+// Size and SHA-256 of a file, streamed in 4 MiB blocks (files too large to read whole).
+absl::StatusOr<FileDigest> DigestFile(const std::string& path);
+// DATA_LOSS naming the file unless its size and SHA-256 equal `expected`.
+absl::Status VerifyFile(const std::string& path, const FileDigest& expected);
+
 // Reads a whole file.
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
 

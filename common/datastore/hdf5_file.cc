@@ -362,12 +362,19 @@ absl::Status Hdf5File::Flush() {
 }
 
 absl::Status Hdf5File::Close() {
-  if (!handles_->open) return absl::OkStatus();
+  if (handles_ == nullptr || !handles_->open) return absl::OkStatus();
   handles_->open = false;
-  return Guard(path_, "close", [&]() -> absl::Status {
+  absl::Status status = Guard(path_, "close", [&]() -> absl::Status {
     handles_->file.close();
     return absl::OkStatus();
   });
+  if (!status.ok()) {
+    // HDF5 1.10 crashes when a file whose close failed (a write error while flushing its
+    // cache, e.g. a full disk) is closed again, as H5File's destructor would: abandon the
+    // handle instead. The file is a .partial or temporary output that is never published.
+    (void)handles_.release();
+  }
+  return status;
 }
 
 }  // namespace knnserve

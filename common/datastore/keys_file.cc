@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
-#include "common/datastore/durable_file.h"
 #include "common/datastore/hdf5_file.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -97,8 +97,19 @@ absl::StatusOr<std::unique_ptr<KeysFileWriter>> KeysFileWriter::CreateOrResume(
   const std::string partial = PartialPath(path);
   std::unique_ptr<Hdf5File> file;
   int64_t rows_completed = 0;
-  if (std::filesystem::exists(partial)) {
-    ASSIGN_OR_RETURN(file, Hdf5File::Open(partial, Hdf5File::Mode::kReadWrite));
+  // What a publish needs: the keys plus HDF5's metadata (chunk index, attributes).
+  const int64_t final_bytes = spec.rows * spec.dim * (spec.fp16 ? 2 : 4) + (256 << 10);
+  RETURN_IF_ERROR(CheckRoomFor(partial, final_bytes));
+  absl::StatusOr<std::unique_ptr<Hdf5File>> existing =
+      std::filesystem::exists(partial) ? Hdf5File::Open(partial, Hdf5File::Mode::kReadWrite)
+                                       : absl::NotFoundError("");
+  if (!existing.ok() && std::filesystem::exists(partial)) {
+    // Not even readable HDF5 (a run killed while creating it, or a full disk): it holds no
+    // completed rows, so it is started over.
+    std::filesystem::remove(partial);
+  }
+  if (existing.ok()) {
+    file = *std::move(existing);
     RETURN_IF_ERROR(CheckIdentity(*file, spec.identity));
     RETURN_IF_ERROR(CheckShape(*file, spec));
     ASSIGN_OR_RETURN(rows_completed, file->GetIntAttribute("rows_completed"));

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/datastore/durable_file.h"
 #include "common/datastore/hdf5_file.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 
 namespace knnserve {

@@ -12,11 +12,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/index_test_util.h"
+#include "tests/testing/file_size_limit.h"
 #include "tests/testing/temp_dir.h"
 
 namespace knnserve {
 namespace {
 
+using ::knnserve::testing::FileSizeLimit;
 using ::knnserve::testing::FreshTempDir;
 using ::knnserve::testing::IsOk;
 using ::knnserve::testing::StatusIs;
@@ -49,6 +51,29 @@ TEST(Files, UncommittedWriterRemovesItsTemporaryFile) {
     ASSERT_THAT(writer->Append("partial"), IsOk());
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+TEST(Files, CheckRoomForRefusesMoreThanTheDiskOrTheFileSizeLimitAllows) {
+  const std::string path = FreshTempDir("room").string() + "/big.bin";
+  EXPECT_OK(CheckRoomFor(path, 1 << 20));
+  EXPECT_THAT(CheckRoomFor(path, int64_t{1} << 60),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("big.bin needs")));
+  FileSizeLimit limit(1 << 16);
+  EXPECT_OK(CheckRoomFor(path, 1 << 16));
+  EXPECT_THAT(CheckRoomFor(path, (1 << 16) + 1),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("file size limit")));
+}
+
+TEST(Files, AFullDiskFailsTheAtomicWriteAndKeepsTheOldFile) {
+  const std::string dir = FreshTempDir("full").string();
+  ASSERT_OK(WriteFileAtomically(dir + "/f.bin", "old").status());
+  {
+    FileSizeLimit limit(1 << 12);
+    EXPECT_FALSE(WriteFileAtomically(dir + "/f.bin", std::string(1 << 13, 'x')).ok());
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadFileBytes(dir + "/f.bin"));
+  EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "old");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);  // no temp left
 }
 
 TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {

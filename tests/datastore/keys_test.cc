@@ -13,15 +13,15 @@
 #include "absl/strings/str_split.h"
 #include "client/datastore/key_computation.h"
 #include "client/datastore/pipeline.h"
-#include "common/datastore/durable_file.h"
 #include "common/datastore/hdf5_file.h"
 #include "common/datastore/values_builder.h"
 #include "common/datastore/values_file.h"
+#include "common/files.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/temp_dir.h"
 #include "tests/datastore/tiny_setup.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::datastore {
 namespace {
@@ -87,8 +87,8 @@ void ExpectCloseToFp16(const std::vector<float>& stored, const torch::Tensor& ex
   const float* p = e.data_ptr<float>();
   for (size_t i = 0; i < stored.size(); ++i) {
     // float16 keeps 11 significant bits: relative error <= 2^-11, plus batching noise.
-    ASSERT_NEAR(stored[i], p[i], 1e-3f * std::max(1.0f, std::abs(p[i]))) << what << " [" << i
-                                                                          << "]";
+    ASSERT_NEAR(stored[i], p[i], 1e-3f * std::max(1.0f, std::abs(p[i])))
+        << what << " [" << i << "]";
   }
 }
 
@@ -123,8 +123,7 @@ TEST_F(KeysTest, SentenceKeysAreTheMeanEncoderOutput) {
     const std::vector<int32_t> source(src.tokens.begin() + src.offsets[s],
                                       src.tokens.begin() + src.offsets[s + 1]);
     ExpectCloseToFp16(ReadKeys(Path(kSentenceKeysFileName), s, s + 1, d),
-                      FeaturesAlone(loaded.model, source, {}, true),
-                      absl::StrCat("sentence ", s));
+                      FeaturesAlone(loaded.model, source, {}, true), absl::StrCat("sentence ", s));
   }
 }
 
@@ -136,8 +135,8 @@ TEST_F(KeysTest, KilledMidRunThenResumedEqualsAnUninterruptedRunBitForBit) {
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(Path(kValuesFileName), dir + "/" + kValuesFileName);
   const std::vector<std::string> argv = {
-      KNNSERVE_BIN, "datastore", "keys", "--model", Tiny().model_path, "--out", dir,
-      "--threads", "1", "--batch-tokens", "64", "--checkpoint-rows", "40"};
+      KNNSERVE_BIN, "datastore", "keys",           "--model", Tiny().model_path,   "--out", dir,
+      "--threads",  "1",         "--batch-tokens", "64",      "--checkpoint-rows", "40"};
   std::vector<std::string> killed = argv;
   killed.insert(killed.end(), {"--debug-kill-after-checkpoints", "3"});
   const int status = knnserve::testing::RunProcess(killed);
@@ -198,9 +197,8 @@ print(k["keys"].dtype, k["keys"].shape[0], k["keys"].shape[1], int(k.attrs["rows
 print(repr(float(k["keys"][3, 5])))
 )");
   const std::string out = Path("h5py.txt");
-  const std::string command = absl::StrCat("/usr/bin/python3 ", script, " ",
-                                           Path(kValuesFileName), " ", Path(kKeysFileName),
-                                           " > ", out);
+  const std::string command = absl::StrCat("/usr/bin/python3 ", script, " ", Path(kValuesFileName),
+                                           " ", Path(kKeysFileName), " > ", out);
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream in(out);
   std::stringstream text;

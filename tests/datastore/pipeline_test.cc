@@ -1,6 +1,7 @@
 // `datastore build`: every step runs once, a rerun skips verified outputs, a corrupted output
 // is recomputed with everything after it, another model's directory is refused, and decoding
-// checks that the keys came from its model and feature.
+// checks that the keys came from its model and feature; a full disk fails a step without
+// losing earlier ones or publishing a half-written file.
 #include "client/datastore/pipeline.h"
 
 #include <filesystem>
@@ -16,11 +17,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/datastore/tiny_setup.h"
+#include "tests/testing/file_size_limit.h"
 #include "tests/testing/temp_dir.h"
 
 namespace knnserve::datastore {
 namespace {
 
+namespace fs = std::filesystem;
+using ::knnserve::testing::FileSizeLimit;
 using ::knnserve::testing::StatusIs;
 using ::knnserve::testing::Tiny;
 using ::testing::HasSubstr;
@@ -94,6 +98,35 @@ TEST_F(PipelineTest, ACorruptedOutputIsRecomputedWithEveryLaterStep) {
   EXPECT_EQ(ReadAll(sentence_keys), original);
   ASSERT_OK_AND_ASSIGN(const auto again, BuildDatastore(Options()));
   EXPECT_EQ(Skipped(again).size(), 5u);
+}
+
+TEST_F(PipelineTest, AFullDiskFailsTheStepKeepsEarlierStepsAndPublishesNothingHalfWritten) {
+  ASSERT_OK(BuildDatastore(Options()).status());  // reference sizes and keys
+  const auto size = [&](const char* name) { return fs::file_size(Path("ds/") + name); };
+  const uintmax_t values_bytes = size(kValuesFileName);
+  const uintmax_t keys_bytes = size(kKeysFileName);
+  ASSERT_GT(keys_bytes, values_bytes + 4096);
+  const std::vector<float> reference_keys = ReadAll(Path("ds/") + kKeysFileName);
+
+  BuildOptions options = Options();
+  options.out_dir = Path("full");
+  {
+    FileSizeLimit disk_full(values_bytes + 4096);  // room for values.h5, not for keys.h5
+    const absl::Status failed = BuildDatastore(options).status();
+    EXPECT_FALSE(failed.ok());
+    EXPECT_THAT(std::string(failed.message()), HasSubstr(kKeysFileName));
+  }
+  EXPECT_TRUE(fs::exists(Path("full/") + kValuesFileName));
+  EXPECT_FALSE(fs::exists(Path("full/") + kKeysFileName));
+  ASSERT_OK_AND_ASSIGN(const auto manifest, ReadDatastoreManifest(Path("full")));
+  ASSERT_TRUE(manifest.has_value());
+  EXPECT_EQ(manifest->steps.count("values"), 1u);
+  EXPECT_EQ(manifest->steps.count("keys"), 0u);
+
+  // With room again, the rerun keeps the values and computes the same keys.
+  ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(options));
+  EXPECT_THAT(Skipped(results), ::testing::ElementsAre("values"));
+  EXPECT_EQ(ReadAll(Path("full/") + kKeysFileName), reference_keys);
 }
 
 TEST_F(PipelineTest, ADirectoryBuiltWithAnotherModelIsRefused) {

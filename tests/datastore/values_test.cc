@@ -6,11 +6,11 @@
 
 #include "absl/strings/str_split.h"
 #include "common/datastore/batch_plan.h"
-#include "common/datastore/durable_file.h"
 #include "common/datastore/hdf5_datastore.h"
 #include "common/datastore/keys_file.h"
 #include "common/datastore/values_builder.h"
 #include "common/datastore/values_file.h"
+#include "common/files.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
