@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/datastore/batch_plan.h"
-#include "common/datastore/durable_file.h"
 #include "common/datastore/keys_file.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 
 namespace knnserve::datastore {
@@ -43,10 +43,10 @@ absl::Status CheckLengths(const ValuesFile& values, const FeatureExtractor& extr
     if (Length(values.source, s) > extractor.max_source_length() ||
         Length(values.target, s) > extractor.max_target_length()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "sentence ", s, " (corpus line ", values.order[s] + 1, ") has ",
-          Length(values.source, s), " source and ", Length(values.target, s),
-          " target tokens; the model accepts at most ", extractor.max_source_length(), " and ",
-          extractor.max_target_length(), " (rebuild the values with a lower --max-tokens)"));
+          "sentence ", s, " (corpus line ", values.order[s] + 1, ") has ", Length(values.source, s),
+          " source and ", Length(values.target, s), " target tokens; the model accepts at most ",
+          extractor.max_source_length(), " and ", extractor.max_target_length(),
+          " (rebuild the values with a lower --max-tokens)"));
     }
   }
   return absl::OkStatus();
@@ -91,8 +91,8 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtracto
   const std::vector<Batch> batches =
       PlanBatches(lengths, options.max_tokens, options.max_sentences);
   // The batch plan decides the bytes: a resumed run must use the same one.
-  identity["batching"] = absl::StrCat("max_tokens=", options.max_tokens,
-                                      ",max_sentences=", options.max_sentences);
+  identity["batching"] =
+      absl::StrCat("max_tokens=", options.max_tokens, ",max_sentences=", options.max_sentences);
   std::vector<int64_t> first_row;
   for (const Batch& b : batches) {
     first_row.push_back(tokens ? values.target.offsets[b.begin] : b.begin);
@@ -109,10 +109,10 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtracto
   report.dim = spec.dim;
   report.batches = static_cast<int64_t>(batches.size());
   report.resumed_from = writer->rows_completed();
-  report.padding_fraction = tokens ? PaddingFraction(batches, Lengths(values.source),
-                                                     Lengths(values.target))
-                                   : PaddingFraction(batches, Lengths(values.source),
-                                                     std::vector<int64_t>(lengths.size(), 0));
+  report.padding_fraction =
+      tokens ? PaddingFraction(batches, Lengths(values.source), Lengths(values.target))
+             : PaddingFraction(batches, Lengths(values.source),
+                               std::vector<int64_t>(lengths.size(), 0));
   ASSIGN_OR_RETURN(const size_t start,
                    BatchStartingAt(batches, first_row, writer->rows_completed(), spec.rows));
 
@@ -128,8 +128,8 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtracto
     ids.resize(batches[b].end - batches[b].begin);
     std::iota(ids.begin(), ids.end(), batches[b].begin);
     const SentenceBatch batch = BatchOf(values, ids);
-    ASSIGN_OR_RETURN(const Matrix<float> rows, tokens ? extractor.TokenFeatures(batch)
-                                                      : extractor.SentenceEmbeddings(batch));
+    ASSIGN_OR_RETURN(const Matrix<float> rows,
+                     tokens ? extractor.TokenFeatures(batch) : extractor.SentenceEmbeddings(batch));
     RETURN_IF_ERROR(writer->Append(rows.view()));
     progress.Add(rows.rows());
     since_checkpoint += rows.rows();
@@ -163,10 +163,10 @@ absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options) {
         values.tokenizer.pad_id, "): another tokenizer"));
   }
   if (!loaded.tokenizer.empty() && Sha256Hex(loaded.tokenizer) != values.tokenizer.sha256) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options.model_path, " embeds tokenizer sha256 ", Sha256Hex(loaded.tokenizer), ", ",
-        options.values_path, " was tokenized with ", values.tokenizer.sha256,
-        ": rebuild the values with the model's tokenizer"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.model_path, " embeds tokenizer sha256 ", Sha256Hex(loaded.tokenizer),
+                     ", ", options.values_path, " was tokenized with ", values.tokenizer.sha256,
+                     ": rebuild the values with the model's tokenizer"));
   }
   ASSIGN_OR_RETURN(const FileDigest model_digest, DigestFile(options.model_path));
   const bool tokens = options.keys.kind == KeyKind::kTokens;

@@ -10,9 +10,9 @@
 #include "absl/time/clock.h"
 #include "client/model/checkpoint.h"
 #include "common/datastore/datastore_manifest.h"
-#include "common/datastore/durable_file.h"
 #include "common/datastore/hdf5_datastore.h"
 #include "common/datastore/values_file.h"
+#include "common/files.h"
 #include "common/index/manifest.h"
 #include "common/status_macros.h"
 
