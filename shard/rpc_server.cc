@@ -116,6 +116,10 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(const RpcServerOptio
   builder.AddListeningPort(options.listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(ClampMessageBytes(options.max_message_bytes));
   builder.SetMaxSendMessageSize(ClampMessageBytes(options.max_message_bytes));
+  // gRPC sets SO_REUSEPORT by default: a second server started on a port in use would bind too
+  // and silently take a share of the connections (a shard of another index answering, seen as
+  // a flaky test when two test processes met on one port). The port must be ours alone.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

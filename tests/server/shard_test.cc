@@ -2,10 +2,10 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "common/status_matchers.h"
 #include "common/wire.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/server/flat_engine.h"
 #include "tests/server/test_cluster.h"
@@ -140,9 +140,9 @@ class ListServices : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
     const std::string request("\x3a\x00", 2);  // field 7 (list_services) = ""
     grpc::Slice slice(request);
     request_ = grpc::ByteBuffer(&slice, 1);
-    stub_.PrepareBidiStreamingCall(
-        &context_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-        grpc::StubOptions(), this);
+    stub_.PrepareBidiStreamingCall(&context_,
+                                   "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                   grpc::StubOptions(), this);
     StartWrite(&request_);
     StartRead(&response_);
     StartCall();
@@ -183,6 +183,17 @@ TEST(ShardTest, ServesReflection) {
   const std::string reply = call.Wait();
   EXPECT_THAT(reply, HasSubstr("knnserve.v1.Retrieval"));
   EXPECT_THAT(reply, HasSubstr("grpc.health.v1.Health"));
+}
+
+// gRPC's default SO_REUSEPORT would let the second server bind too and take a share of the
+// first one's connections.
+TEST(ShardTest, ASecondServerOnAPortInUseFailsToStart) {
+  TestShard shard(0, SmallEngine());
+  RpcServerOptions options;
+  options.listen = shard.address();
+  grpc::Service service;
+  absl::StatusOr<std::unique_ptr<RpcServer>> second = RpcServer::Start(options, &service);
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(shard.address())));
 }
 
 }  // namespace
