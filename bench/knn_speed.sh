@@ -8,7 +8,7 @@
 #   bench/knn_speed.sh [SENTENCES]       (default 200 office test sentences)
 #
 # Environment: BUILD (build), DEMO_DIR (runs/knn-demo), BATCHES ("1 16 64"), BEAM (5), THREADS (2),
-# PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (32).
+# PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SENTENCES=${1:-200}
@@ -19,7 +19,7 @@ BEAM=${BEAM:-5}
 THREADS=${THREADS:-2}
 PORT=${PORT:-6450}
 KNN_PARAMS=${KNN_PARAMS:-scripts/demo-knn.json}
-NPROBE=${NPROBE:-32}
+NPROBE=${NPROBE:-8}
 MODEL=${MODEL:-models/demo/model.pt}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 KNNSERVE=$BUILD/bin/knnserve
