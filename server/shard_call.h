@@ -30,7 +30,7 @@ struct HedgeOptions {
   absl::Duration min_delay = absl::Milliseconds(1);
   double quantile = 0.95;
   int min_samples = 20;
-  // Hedges per shard stay below max_ratio of its requests (plus one), so that a slow period
+  // Hedges per shard stay within max_ratio of its requests (at least one), so that a slow period
   // cannot double the load: a hedge is extra work for an already busy cluster.
   double max_ratio = 0.05;
 

@@ -84,7 +84,11 @@ Replica* ShardGroup::Pick(const std::vector<Replica*>& exclude) {
 }
 
 bool ShardGroup::TakeHedge(double max_ratio) {
-  const double budget = max_ratio * requests_.load(std::memory_order_relaxed) + 1;
+  // One hedge is always allowed, so that a stuck replica is hedged even on a shard's first
+  // requests; beyond it, hedges stay within max_ratio of the requests (no "+1" per shard that
+  // short runs over many shards would add up).
+  const double budget =
+      std::max(1.0, max_ratio * static_cast<double>(requests_.load(std::memory_order_relaxed)));
   int64_t hedges = hedges_.load(std::memory_order_relaxed);
   while (hedges + 1 <= budget) {
     if (hedges_.compare_exchange_weak(hedges, hedges + 1, std::memory_order_relaxed)) {

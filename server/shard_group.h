@@ -75,7 +75,7 @@ class ShardGroup {
 
   // Counts a request to this shard (for the hedge budget).
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
-  // Takes one hedge from the budget (hedges <= max_ratio * requests + 1); false when spent.
+  // Takes one hedge from the budget (hedges <= max(1, max_ratio * requests)); false when spent.
   bool TakeHedge(double max_ratio);
 
   // The Info a replica answered, once one has.

@@ -195,6 +195,21 @@ TEST(RouterTest, HedgeAnswersWithoutWaitingForTheStuckReplica) {
               HasSubstr("knnserve_hedges_sent_total{shard=\"0\"} 1"));
 }
 
+// One hedge at any time, then at most max_ratio of the shard's requests: 5% over 100
+// requests is 5 hedges, not 5 + 1 per shard.
+TEST(RouterTest, HedgeBudgetIsOneThenTheRatioOfRequests) {
+  MetricsRegistry metrics;
+  ShardGroup group(0, {}, &metrics);
+  EXPECT_TRUE(group.TakeHedge(0.05));
+  EXPECT_FALSE(group.TakeHedge(0.05));
+  int hedges = 1;
+  for (int request = 0; request < 100; ++request) {
+    group.CountRequest();
+    while (group.TakeHedge(0.05)) ++hedges;
+  }
+  EXPECT_EQ(hedges, 5);
+}
+
 TEST(RouterTest, DeadlineCancelsTheShardCall) {
   Cluster cluster(2, 1, Metric::kL2, {.batcher = {absl::Milliseconds(1), 1024, 1}});
   TestRouter router(cluster.map(), FastRouterOptions());
