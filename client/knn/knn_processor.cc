@@ -27,6 +27,30 @@ double LogAddExp(double a, double b) {
 }
 
 // [rows, d] float32, contiguous, on the CPU: the bytes a query matrix views.
+// One Search per at most `max_rows` query rows (batch x beam may exceed what a server accepts),
+// in order; the answers concatenated.
+absl::StatusOr<Neighbors> SearchInPieces(RetrievalSession& session, MatrixView<const float> queries,
+                                         const std::vector<int32_t>& row_group,
+                                         const SearchParams& params, int64_t max_rows) {
+  if (queries.rows <= max_rows) return session.Search(queries, row_group, params);
+  Neighbors all;
+  all.k = params.k;
+  for (int64_t begin = 0; begin < queries.rows; begin += max_rows) {
+    const int64_t rows = std::min(max_rows, queries.rows - begin);
+    std::vector<int32_t> groups;
+    if (!row_group.empty()) {
+      groups.assign(row_group.begin() + begin, row_group.begin() + begin + rows);
+    }
+    ASSIGN_OR_RETURN(Neighbors part,
+                     session.Search({queries.row(begin), rows, queries.cols}, groups, params));
+    all.rows += part.rows;
+    all.distances.insert(all.distances.end(), part.distances.begin(), part.distances.end());
+    all.ids.insert(all.ids.end(), part.ids.begin(), part.ids.end());
+    all.values.insert(all.values.end(), part.values.begin(), part.values.end());
+  }
+  return all;
+}
+
 torch::Tensor QueryTensor(const torch::Tensor& features) {
   return features.to(torch::kCPU, torch::kFloat).contiguous();
 }
@@ -166,7 +190,8 @@ absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
   params.k = options_.k;
   params.nprobe = options_.nprobe;
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(Neighbors neighbors, session_->Search(queries, row_group, params));
+  ASSIGN_OR_RETURN(Neighbors neighbors, SearchInPieces(*session_, queries, row_group, params,
+                                                       retriever_->info().max_rows));
   const absl::Time searched = absl::Now();
   ASSIGN_OR_RETURN(context.log_probs, InterpolateKnn(context.log_probs, neighbors,
                                                      retriever_->info().metric, options_));
@@ -183,7 +208,8 @@ absl::StatusOr<Neighbors> KnnLogitsProcessor::SearchOnce(const torch::Tensor& fe
   SearchParams params;
   params.k = options_.k;
   params.nprobe = options_.nprobe;
-  return session->Search({f.data_ptr<float>(), f.size(0), f.size(1)}, {}, params);
+  return SearchInPieces(*session, {f.data_ptr<float>(), f.size(0), f.size(1)}, {}, params,
+                        retriever_->info().max_rows);
 }
 
 }  // namespace knnserve::knn

@@ -1,6 +1,5 @@
 #include "client/knn/remote_retriever.h"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -86,12 +85,8 @@ std::atomic<int64_t> next_session_id{0};
 class RemoteSession : public RetrievalSession {
  public:
   RemoteSession(v1::Retrieval::Stub* stub, const RemoteRetrieverOptions* options,
-                std::optional<v1::StreamRequest> setup, int64_t max_rows)
-      : stub_(stub),
-        options_(options),
-        setup_(std::move(setup)),
-        max_rows_(max_rows),
-        id_(next_session_id++) {}
+                std::optional<v1::StreamRequest> setup)
+      : stub_(stub), options_(options), setup_(std::move(setup)), id_(next_session_id++) {}
 
   ~RemoteSession() override {
     if (stream_ != nullptr) CloseStream().IgnoreError();
@@ -100,30 +95,6 @@ class RemoteSession : public RetrievalSession {
   absl::StatusOr<Neighbors> Search(MatrixView<const float> queries,
                                    const std::vector<int32_t>& row_group,
                                    const SearchParams& params) override {
-    if (queries.rows <= max_rows_) return SearchPart(queries, row_group, params);
-    // batch x beam above the server's limit: consecutive row ranges, answers concatenated.
-    Neighbors all;
-    all.k = params.k;
-    for (int64_t begin = 0; begin < queries.rows; begin += max_rows_) {
-      const int64_t rows = std::min(max_rows_, queries.rows - begin);
-      const MatrixView<const float> part{queries.row(begin), rows, queries.cols};
-      std::vector<int32_t> part_groups;
-      if (!row_group.empty()) {
-        part_groups.assign(row_group.begin() + begin, row_group.begin() + begin + rows);
-      }
-      ASSIGN_OR_RETURN(Neighbors answer, SearchPart(part, part_groups, params));
-      all.rows += answer.rows;
-      all.distances.insert(all.distances.end(), answer.distances.begin(), answer.distances.end());
-      all.ids.insert(all.ids.end(), answer.ids.begin(), answer.ids.end());
-      all.values.insert(all.values.end(), answer.values.begin(), answer.values.end());
-    }
-    return all;
-  }
-
- private:
-  absl::StatusOr<Neighbors> SearchPart(MatrixView<const float> queries,
-                                       const std::vector<int32_t>& row_group,
-                                       const SearchParams& params) {
     v1::StreamRequest message;
     v1::SearchRequest* step = message.mutable_step();
     EncodeMatrix(queries, options_->fp16_queries ? v1::DTYPE_FP16 : v1::DTYPE_FP32,
@@ -151,6 +122,7 @@ class RemoteSession : public RetrievalSession {
     }
   }
 
+ private:
   absl::StatusOr<Neighbors> Attempt(const v1::StreamRequest& message) {
     if (stream_ == nullptr) RETURN_IF_ERROR(OpenStream());
     v1::SearchResponse response;
@@ -201,7 +173,6 @@ class RemoteSession : public RetrievalSession {
   v1::Retrieval::Stub* const stub_;
   const RemoteRetrieverOptions* const options_;
   const std::optional<v1::StreamRequest> setup_;
-  const int64_t max_rows_;
   const int64_t id_;
   int64_t steps_ = 0;
   int64_t retries_ = 0;
@@ -213,9 +184,8 @@ class RemoteSession : public RetrievalSession {
 }  // namespace
 
 RemoteRetriever::RemoteRetriever(RemoteRetrieverOptions options,
-                                 std::unique_ptr<v1::Retrieval::Stub> stub, RetrieverInfo info,
-                                 int64_t max_rows)
-    : options_(std::move(options)), stub_(std::move(stub)), info_(info), max_rows_(max_rows) {}
+                                 std::unique_ptr<v1::Retrieval::Stub> stub, RetrieverInfo info)
+    : options_(std::move(options)), stub_(std::move(stub)), info_(info) {}
 
 absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
     const RemoteRetrieverOptions& options) {
@@ -246,9 +216,8 @@ absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
   info.num_sentences = response.num_sentences();
   info.supports_subset = response.supports_subset();
   // A server that does not report its limits enforces the defaults.
-  const int64_t max_rows =
-      response.limits().max_rows() > 0 ? response.limits().max_rows() : RequestLimits().max_rows;
-  return absl::WrapUnique(new RemoteRetriever(options, std::move(stub), info, max_rows));
+  if (response.limits().max_rows() > 0) info.max_rows = response.limits().max_rows();
+  return absl::WrapUnique(new RemoteRetriever(options, std::move(stub), info));
 }
 
 absl::StatusOr<std::unique_ptr<RetrievalSession>> RemoteRetriever::StartSession(
@@ -267,7 +236,7 @@ absl::StatusOr<std::unique_ptr<RetrievalSession>> RemoteRetriever::StartSession(
     }
     s->set_allow_partial(options_.allow_partial);
   }
-  return std::make_unique<RemoteSession>(stub_.get(), &options_, std::move(setup), max_rows_);
+  return std::make_unique<RemoteSession>(stub_.get(), &options_, std::move(setup));
 }
 
 }  // namespace knnserve::knn

@@ -36,8 +36,7 @@ struct RemoteRetrieverOptions {
 // Thread-safe: sessions are independent streams on one channel.
 class RemoteRetriever : public Retriever {
  public:
-  // Connects and asks the server for its Info (dims, metric, sizes, limits). A session's step
-  // with more query rows than the server accepts goes out as several messages, in order.
+  // Connects and asks the server for its Info (dims, metric, sizes, limits).
   static absl::StatusOr<std::unique_ptr<RemoteRetriever>> Create(
       const RemoteRetrieverOptions& options);
 
@@ -46,12 +45,11 @@ class RemoteRetriever : public Retriever {
 
  private:
   RemoteRetriever(RemoteRetrieverOptions options, std::unique_ptr<v1::Retrieval::Stub> stub,
-                  RetrieverInfo info, int64_t max_rows);
+                  RetrieverInfo info);
 
   const RemoteRetrieverOptions options_;
   const std::unique_ptr<v1::Retrieval::Stub> stub_;
   const RetrieverInfo info_;
-  const int64_t max_rows_;  // query rows the server accepts per step (its Info limits)
 };
 
 }  // namespace knnserve::knn

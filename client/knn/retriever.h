@@ -26,6 +26,9 @@ struct RetrieverInfo {
   int64_t total_vectors = 0;
   int64_t num_sentences = 0;     // 0 when the datastore has no sentence structure
   bool supports_subset = false;  // subset PQ codes present: sessions may declare groups
+  // Query rows one Search call accepts (a server's Info limits; the embedded mode enforces the
+  // same defaults). The kNN processor sends larger steps in pieces.
+  int64_t max_rows = RequestLimits().max_rows;
 };
 
 // One decoding batch's retrieval. Thread-compatible: one thread at a time (the decoder's).
@@ -33,10 +36,10 @@ class RetrievalSession {
  public:
   virtual ~RetrievalSession() = default;
 
-  // One decoding step. queries: rows x info().dim, finite. row_group: empty for a full search,
-  // else rows entries, each an index into the groups the session was started with. Returns
-  // rows x params.k neighbours nearest first, with values (target tokens); missing neighbours
-  // have id -1, value -1.
+  // One decoding step. queries: rows x info().dim (rows <= info().max_rows), finite. row_group:
+  // empty for a full search, else rows entries, each an index into the groups the session was
+  // started with. Returns rows x params.k neighbours nearest first, with values (target tokens);
+  // missing neighbours have id -1, value -1.
   virtual absl::StatusOr<Neighbors> Search(MatrixView<const float> queries,
                                            const std::vector<int32_t>& row_group,
                                            const SearchParams& params) = 0;

@@ -100,16 +100,18 @@ absl::StatusOr<std::unique_ptr<KeysFileWriter>> KeysFileWriter::CreateOrResume(
   // What a publish needs: the keys plus HDF5's metadata (chunk index, attributes).
   const int64_t final_bytes = spec.rows * spec.dim * (spec.fp16 ? 2 : 4) + (256 << 10);
   RETURN_IF_ERROR(CheckRoomFor(partial, final_bytes));
-  absl::StatusOr<std::unique_ptr<Hdf5File>> existing =
-      std::filesystem::exists(partial) ? Hdf5File::Open(partial, Hdf5File::Mode::kReadWrite)
-                                       : absl::NotFoundError("");
-  if (!existing.ok() && std::filesystem::exists(partial)) {
-    // Not even readable HDF5 (a run killed while creating it, or a full disk): it holds no
-    // completed rows, so it is started over.
-    std::filesystem::remove(partial);
+  if (std::filesystem::exists(partial)) {
+    absl::StatusOr<std::unique_ptr<Hdf5File>> opened =
+        Hdf5File::Open(partial, Hdf5File::Mode::kReadWrite);
+    if (opened.ok()) {
+      file = *std::move(opened);
+    } else {
+      // Not even readable HDF5 (a run killed while creating it, or a full disk): it holds no
+      // completed rows, so it is started over.
+      std::filesystem::remove(partial);
+    }
   }
-  if (existing.ok()) {
-    file = *std::move(existing);
+  if (file != nullptr) {
     RETURN_IF_ERROR(CheckIdentity(*file, spec.identity));
     RETURN_IF_ERROR(CheckShape(*file, spec));
     ASSIGN_OR_RETURN(rows_completed, file->GetIntAttribute("rows_completed"));

@@ -237,7 +237,7 @@ TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
             Decode(*model_, src, local_processor.get(), 5));
 }
 
-// batch x beam query rows per step above the router's max_rows: the retriever sends each step
+// batch x beam query rows per step above the router's max_rows: the processor sends each step
 // in pieces and the translation does not change.
 TEST_F(KnnDecodeTest, StepsLargerThanTheRouterAcceptsAreSentInPieces) {
   const torch::Tensor src = RemoteBatch(*pairs_);
