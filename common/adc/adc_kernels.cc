@@ -1,6 +1,8 @@
 // Kernel selection and the scalar reference kernel (compiled without extra ISA flags).
 #include "common/adc/adc_kernels.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 
 namespace knnserve {
@@ -13,6 +15,10 @@ absl::string_view AdcKernelName(AdcKernel kernel) {
       return "avx2";
     case AdcKernel::kAvx512:
       return "avx512";
+    case AdcKernel::kQuantizedScalar:
+      return "quantized-scalar";
+    case AdcKernel::kQuantizedVbmi:
+      return "quantized-avx512vbmi";
   }
   return "unknown";
 }
@@ -20,20 +26,28 @@ absl::string_view AdcKernelName(AdcKernel kernel) {
 bool CpuSupports(AdcKernel kernel) {
   switch (kernel) {
     case AdcKernel::kScalar:
+    case AdcKernel::kQuantizedScalar:
       return true;
     case AdcKernel::kAvx2:
       return __builtin_cpu_supports("avx2");
     case AdcKernel::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
+    case AdcKernel::kQuantizedVbmi:
+      return CpuSupports(AdcKernel::kAvx512) && __builtin_cpu_supports("avx512vbmi");
   }
   return false;
 }
 
+bool IsQuantized(AdcKernel kernel) {
+  return kernel == AdcKernel::kQuantizedScalar || kernel == AdcKernel::kQuantizedVbmi;
+}
+
 AdcKernel BestAdcKernel() {
-  static const AdcKernel best = CpuSupports(AdcKernel::kAvx512) ? AdcKernel::kAvx512
-                                : CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kAvx2
-                                                                : AdcKernel::kScalar;
+  static const AdcKernel best = CpuSupports(AdcKernel::kQuantizedVbmi) ? AdcKernel::kQuantizedVbmi
+                                : CpuSupports(AdcKernel::kAvx512)      ? AdcKernel::kAvx512
+                                : CpuSupports(AdcKernel::kAvx2)        ? AdcKernel::kAvx2
+                                                                       : AdcKernel::kScalar;
   return best;
 }
 
@@ -41,6 +55,8 @@ AdcScanFn GetAdcScan(AdcKernel kernel) {
   KNNSERVE_CHECK(CpuSupports(kernel), "ADC kernel not supported by this CPU");
   switch (kernel) {
     case AdcKernel::kScalar:
+    case AdcKernel::kQuantizedScalar:
+    case AdcKernel::kQuantizedVbmi:
       return adc_internal::ScanScalar;
     case AdcKernel::kAvx2:
       return adc_internal::ScanAvx2;
@@ -48,6 +64,14 @@ AdcScanFn GetAdcScan(AdcKernel kernel) {
       return adc_internal::ScanAvx512;
   }
   return adc_internal::ScanScalar;
+}
+
+QuantizedAdcKernels GetQuantizedKernels(AdcKernel kernel) {
+  KNNSERVE_CHECK(IsQuantized(kernel) && CpuSupports(kernel), "not a quantized ADC kernel here");
+  if (kernel == AdcKernel::kQuantizedVbmi) {
+    return {adc_internal::PackVbmi, adc_internal::ScanQuantizedVbmi};
+  }
+  return {adc_internal::PackScalar, adc_internal::ScanQuantizedScalar};
 }
 
 namespace adc_internal {
@@ -71,6 +95,29 @@ void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes,
       for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
       for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
       out[q * n + i] = acc[0] + acc[1];
+    }
+  }
+}
+
+void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block) {
+  for (int i = 0; i < kAdcBlock; ++i) {
+    for (int m = 0; m < m_count; ++m) block[m * kAdcBlock + i] = rows[i][m];
+  }
+}
+
+void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,
+                         int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below) {
+  for (int q = 0; q < num_queries; ++q) {
+    uint16_t* out = sums + q * kAdcBlock;
+    std::fill(out, out + kAdcBlock, uint16_t{0});
+    for (int m = 0; m < m_count; ++m) {
+      const uint8_t* table = tables[q] + m * 256;
+      const uint8_t* codes = block + m * kAdcBlock;
+      for (int i = 0; i < kAdcBlock; ++i) out[i] += table[codes[i]];
+    }
+    below[q] = 0;
+    for (int i = 0; i < kAdcBlock; ++i) {
+      if (out[i] <= limits[q]) below[q] |= uint64_t{1} << i;
     }
   }
 }

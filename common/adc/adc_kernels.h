@@ -1,10 +1,20 @@
-// The inner loop of subset ADC: distances of PQ codes to queries through their lookup tables.
-// Three implementations (scalar, AVX2, AVX-512) in separate translation units compiled with
-// their own instruction-set flags; BestAdcKernel() picks one at run time from the CPU's
-// features. All three return bit-identical results: every implementation sums the M table
-// entries of a code in the same canonical order (16 partial sums, partial j taking sub-quantizers
-// m = j, j + 16, ..., in increasing m, then the tree (j + 8), (j + 4), (j + 2), (j + 1)), which
-// is exactly the lane order of one 16-wide AVX-512 or two 8-wide AVX2 accumulators.
+// The inner loops of subset ADC: distances of PQ codes to queries through their lookup tables.
+//
+// Exact float scans: three implementations (scalar, AVX2, AVX-512) in separate translation units
+// compiled with their own instruction-set flags. All three return bit-identical results: every
+// implementation sums the M table entries of a code in the same canonical order (16 partial sums,
+// partial j taking sub-quantizers m = j, j + 16, ..., in increasing m, then the tree (j + 8),
+// (j + 4), (j + 2), (j + 1)), which is exactly the lane order of one 16-wide AVX-512 or two 8-wide
+// AVX2 accumulators.
+//
+// Quantized two-stage scans (kQuantizedScalar, kQuantizedVbmi): the float table of a query is
+// quantized to 8-bit entries, codes are packed in blocks of kAdcBlock vectors and scanned with
+// 16-bit integer sums (with AVX-512 VBMI the 256-entry tables live in registers: 64 look-ups per
+// instruction instead of one gather lane each); the integer sums bound every exact distance, so
+// only the vectors that can still be among the k best are re-ranked with the exact scalar scan.
+// Their final answers are therefore identical to the exact scans' (subset_adc.cc).
+//
+// BestAdcKernel() picks the fastest at run time from the CPU's features.
 #ifndef KNNSERVE_COMMON_ADC_ADC_KERNELS_H_
 #define KNNSERVE_COMMON_ADC_ADC_KERNELS_H_
 
@@ -14,13 +24,15 @@
 
 namespace knnserve {
 
-enum class AdcKernel { kScalar, kAvx2, kAvx512 };
+enum class AdcKernel { kScalar, kAvx2, kAvx512, kQuantizedScalar, kQuantizedVbmi };
 
 absl::string_view AdcKernelName(AdcKernel kernel);
 // True when this CPU can run `kernel`.
 bool CpuSupports(AdcKernel kernel);
 // The fastest kernel this CPU supports.
 AdcKernel BestAdcKernel();
+// True for the two-stage kernels (quantized scan + exact re-rank).
+bool IsQuantized(AdcKernel kernel);
 
 // Upper bound on M accepted by the kernels.
 inline constexpr int kMaxAdcM = 256;
@@ -32,7 +44,33 @@ inline constexpr int kMaxAdcM = 256;
 using AdcScanFn = void (*)(const float* const* luts, int num_queries, const uint8_t* codes,
                            int64_t n, int m_count, float* out);
 
+// The exact float scan of `kernel`; the quantized kernels re-rank with the scalar one.
 AdcScanFn GetAdcScan(AdcKernel kernel);
+
+// ---- Quantized kernels -------------------------------------------------------------------------
+// Vectors per packed block: one AVX-512 register of codes of one sub-quantizer.
+inline constexpr int kAdcBlock = 64;
+
+// Packs the codes of kAdcBlock vectors (rows[i] points at the m_count code bytes of vector i)
+// sub-quantizer-major: block[m * kAdcBlock + i] = rows[i][m]. block is m_count x kAdcBlock bytes,
+// 64-byte aligned.
+using AdcPackFn = void (*)(const uint8_t* const* rows, int m_count, uint8_t* block);
+
+// For each query q < num_queries and lane i < kAdcBlock of a packed block:
+//   sums[q * kAdcBlock + i] = Σ_m tables[q][m * 256 + block[m * kAdcBlock + i]]
+// (integer sums: entries <= 255 and m_count <= kMaxAdcM keep them below 2^16), and bit i of
+// below[q] set iff sums[q * kAdcBlock + i] <= limits[q].
+// REQUIRES: 1 <= m_count <= kMaxAdcM; tables[q] holds m_count x 256 bytes; block is aligned.
+using AdcQuantizedScanFn = void (*)(const uint8_t* const* tables, int num_queries,
+                                    const uint8_t* block, int m_count, const uint16_t* limits,
+                                    uint16_t* sums, uint64_t* below);
+
+struct QuantizedAdcKernels {
+  AdcPackFn pack;
+  AdcQuantizedScanFn scan;
+};
+// REQUIRES: IsQuantized(kernel) && CpuSupports(kernel).
+QuantizedAdcKernels GetQuantizedKernels(AdcKernel kernel);
 
 namespace adc_internal {
 void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
@@ -41,6 +79,12 @@ void ScanAvx2(const float* const* luts, int num_queries, const uint8_t* codes, i
               int m_count, float* out);
 void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
                 int m_count, float* out);
+void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);
+void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block);
+void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,
+                         int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below);
+void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
+                       int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below);
 }  // namespace adc_internal
 
 }  // namespace knnserve

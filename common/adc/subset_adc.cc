@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +49,154 @@ absl::Status CheckCodes(const PqCodebook& codebook, const SubsetCodes& codes) {
 
 using Candidate = std::pair<float, int64_t>;  // distance, global token id
 
+// Keeps the k candidates that rank first in a max-heap (the worst on top).
+void OfferBounded(Metric metric, int k, const Candidate& c, std::vector<Candidate>& heap) {
+  auto ranks_before = [metric](const Candidate& a, const Candidate& b) {
+    return RanksBefore(metric, a.first, a.second, b.first, b.second);
+  };
+  if (static_cast<int>(heap.size()) < k) {
+    heap.push_back(c);
+    std::push_heap(heap.begin(), heap.end(), ranks_before);
+  } else if (ranks_before(c, heap.front())) {
+    std::pop_heap(heap.begin(), heap.end(), ranks_before);
+    heap.back() = c;
+    std::push_heap(heap.begin(), heap.end(), ranks_before);
+  }
+}
+
+// Writes an OfferBounded heap nearest first into row `row` of out (consumes the heap).
+void WriteNearestFirst(Metric metric, std::vector<Candidate>& heap, int64_t row, int k,
+                       Neighbors& out) {
+  std::sort_heap(heap.begin(), heap.end(), [metric](const Candidate& a, const Candidate& b) {
+    return RanksBefore(metric, a.first, a.second, b.first, b.second);
+  });
+  for (size_t j = 0; j < heap.size(); ++j) {
+    out.distances[row * k + j] = heap[j].first;
+    out.ids[row * k + j] = heap[j].second;
+  }
+}
+
+// The smallest and largest of the 256 entries of a table row. Sixteen running lanes, because
+// the compiler vectorises element-wise minima but not a float min reduction (NaN and -0 rules).
+std::pair<float, float> RowRange(const float* row) {
+  constexpr int kLanes = 16;
+  float lo[kLanes], hi[kLanes];
+  std::copy(row, row + kLanes, lo);
+  std::copy(row, row + kLanes, hi);
+  for (int c = kLanes; c < kLutSize; c += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      lo[j] = std::min(lo[j], row[c + j]);
+      hi[j] = std::max(hi[j], row[c + j]);
+    }
+  }
+  return {*std::min_element(lo, lo + kLanes), *std::max_element(hi, hi + kLanes)};
+}
+
+// Quantizes one query's float table to one byte per entry: per sub-quantizer m,
+//   table[m][c] = floor((cost[m][c] - min_m) / step),  cost = lut (L2) or -lut (inner product,
+// where larger is nearer), step = (widest row range) / 255, so entries fit a byte and sums of
+// up to kMaxAdcM entries fit 16 bits. With Q the integer sum of a vector's entries, its exact
+// cost lies in [Σ min_m + step * Q, Σ min_m + step * (Q + m)). Hence a vector can only be among
+// the k nearest if Q <= (k-th smallest Q) + m; the returned margin is m plus a slack (in steps)
+// for float rounding, both in computing the entries and in the exact re-rank's own sums.
+// A degenerate table (all entries equal, or not finite) gets a margin that keeps every vector.
+int QuantizeLut(const float* lut, int m_count, Metric metric, uint8_t* table) {
+  constexpr int kKeepAll = 65535;
+  const float sign = metric == Metric::kL2 ? 1.0f : -1.0f;
+  float mins[kMaxAdcM];
+  float widest = 0.0f;
+  float magnitude = 0.0f;  // Σ_m max_c |lut[m][c]|
+  for (int m = 0; m < m_count; ++m) {
+    const auto [lo, hi] = RowRange(lut + m * kLutSize);
+    mins[m] = sign > 0 ? lo : -hi;
+    widest = std::max(widest, hi - lo);
+    magnitude += std::max(std::abs(lo), std::abs(hi));
+  }
+  const float step = widest / 255.0f;
+  if (!(step > 0.0f) || !std::isfinite(step) || !std::isfinite(magnitude)) {
+    std::fill(table, table + m_count * kLutSize, uint8_t{0});
+    return kKeepAll;
+  }
+  const float inverse = 1.0f / step;
+  for (int m = 0; m < m_count; ++m) {
+    const float* row = lut + m * kLutSize;
+    uint8_t* out = table + m * kLutSize;
+    for (int c = 0; c < kLutSize; ++c) {
+      out[c] = static_cast<uint8_t>(std::min(255.0f, (sign * row[c] - mins[m]) * inverse));
+    }
+  }
+  const double rounding = 4.0 * (m_count + 2) * FLT_EPSILON * magnitude / step;
+  return static_cast<int>(std::min<double>(kKeepAll, m_count + 1 + std::ceil(rounding)));
+}
+
 }  // namespace
+
+// The positions (in scan order) whose quantized sum Q may still be among the k smallest exact
+// distances: Q <= (k-th smallest Q offered so far) + margin. Offer is called block by block;
+// the limit only falls, so earlier survivors are pruned now and then.
+class SubsetAdc::CandidateFilter {
+ public:
+  void Reset(int k, int margin) {
+    k_ = k;
+    margin_ = margin;
+    limit_ = kNoLimit;
+    smallest_.clear();
+    kept_.clear();
+    prune_at_ = 4 * static_cast<size_t>(k) + 1024;
+  }
+
+  uint16_t limit() const { return limit_; }
+
+  // sums: the kAdcBlock sums of the block at `first_position`; below: the lanes to consider.
+  void Offer(const uint16_t* sums, uint64_t below, int64_t first_position) {
+    for (; below != 0; below &= below - 1) {
+      const int lane = __builtin_ctzll(below);
+      const uint16_t q = sums[lane];
+      if (q > limit_) continue;  // the limit fell inside this block
+      kept_.emplace_back(q, first_position + lane);
+      if (static_cast<int>(smallest_.size()) < k_) {
+        smallest_.push_back(q);
+        std::push_heap(smallest_.begin(), smallest_.end());
+      } else if (q < smallest_.front()) {
+        std::pop_heap(smallest_.begin(), smallest_.end());
+        smallest_.back() = q;
+        std::push_heap(smallest_.begin(), smallest_.end());
+      } else {
+        continue;
+      }
+      if (static_cast<int>(smallest_.size()) == k_) {
+        limit_ = static_cast<uint16_t>(std::min(kNoLimit, smallest_.front() + margin_));
+      }
+    }
+    if (kept_.size() >= prune_at_) {
+      Prune();
+      prune_at_ = std::max(prune_at_, 2 * kept_.size());
+    }
+  }
+
+  // The surviving positions, in the order offered.
+  const std::vector<std::pair<uint16_t, int64_t>>& Survivors() {
+    Prune();
+    return kept_;
+  }
+
+ private:
+  static constexpr int kNoLimit = 65535;
+
+  void Prune() {
+    const uint16_t limit = limit_;
+    kept_.erase(std::remove_if(kept_.begin(), kept_.end(),
+                               [limit](const auto& c) { return c.first > limit; }),
+                kept_.end());
+  }
+
+  int k_ = 0;
+  int margin_ = 0;
+  uint16_t limit_ = kNoLimit;
+  std::vector<uint16_t> smallest_;                  // max-heap of the k smallest sums offered
+  std::vector<std::pair<uint16_t, int64_t>> kept_;  // (sum, position)
+  size_t prune_at_ = 0;
+};
 
 void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
                   std::vector<std::pair<int64_t, int64_t>>& ranges) {
@@ -97,10 +246,19 @@ absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries, const S
 }
 
 struct SubsetAdc::Scratch {
+  struct alignas(64) Line {
+    uint8_t bytes[kAdcBlock];
+  };
   std::vector<float> luts;       // kMaxQueriesPerPass x m x 256
   std::vector<float> distances;  // kMaxQueriesPerPass x kBlock
   std::vector<std::vector<Candidate>> heaps;
   std::vector<std::pair<int64_t, int64_t>> ranges;  // local token ranges to scan
+  // Quantized kernels only.
+  std::vector<uint8_t> tables;    // kMaxQueriesPerPass x m x 256
+  std::vector<int64_t> tokens;    // local token of each scan position
+  std::vector<Line> block;        // m lines: one packed block
+  std::vector<uint8_t> zero_row;  // m zero bytes: the codes of lanes past the end
+  std::vector<CandidateFilter> filters;
 };
 
 absl::StatusOr<std::unique_ptr<SubsetAdc>> SubsetAdc::Create(PqCodebook codebook, Metric metric,
@@ -123,6 +281,8 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
       codes_(std::move(codes)),
       options_(options),
       scan_(GetAdcScan(options.kernel)),
+      quantized_(IsQuantized(options.kernel) ? GetQuantizedKernels(options.kernel)
+                                             : QuantizedAdcKernels{nullptr, nullptr}),
       centroids_t_(codebook_.centroids.size()) {
   const int dsub = codebook_.dsub;
   for (int m = 0; m < codebook_.m; ++m) {
@@ -174,11 +334,16 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
   omp_set_num_threads(options_.threads);  // LibTorch may have set OpenMP to 1 thread.
 #pragma omp parallel reduction(+ : scanned) if (active.size() > 1)
   {
-    Scratch scratch;
+    // Per thread and kept between calls: the tables alone are hundreds of KiB, and allocating
+    // (and zeroing) them per call cost more than scanning a small subset.
+    thread_local Scratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (size_t a = 0; a < active.size(); ++a) {
       const int32_t g = active[a];
-      scanned += SearchGroup(queries, groups[g], group_rows[g], k, scratch, result.neighbors);
+      scanned += IsQuantized(options_.kernel)
+                     ? SearchGroupQuantized(queries, groups[g], group_rows[g], k, scratch,
+                                            result.neighbors)
+                     : SearchGroup(queries, groups[g], group_rows[g], k, scratch, result.neighbors);
     }
   }
   result.vectors_scanned = scanned;
@@ -195,11 +360,6 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
   scratch.luts.resize(kMaxQueriesPerPass * lut_floats);
   scratch.distances.resize(kMaxQueriesPerPass * kBlock);
   scratch.heaps.resize(kMaxQueriesPerPass);
-  const Metric metric = metric_;
-  auto ranks_before = [metric](const Candidate& a, const Candidate& b) {
-    return RanksBefore(metric, a.first, a.second, b.first, b.second);
-  };
-
   // The group's vectors, searched for all its queries (counted once, however many passes).
   int64_t scanned = 0;
   for (const auto& [range_begin, range_end] : scratch.ranges) scanned += range_end - range_begin;
@@ -218,33 +378,85 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
         scan_(lut_ptrs, nq, codes_.codes.data() + b * m, n, m, scratch.distances.data());
         const int64_t id0 = codes_.token_begin + b;
         for (int q = 0; q < nq; ++q) {
-          std::vector<Candidate>& heap = scratch.heaps[q];
           const float* dist = scratch.distances.data() + q * n;
           for (int64_t i = 0; i < n; ++i) {
-            const Candidate c{dist[i], id0 + i};
-            if (static_cast<int>(heap.size()) < k) {
-              heap.push_back(c);
-              std::push_heap(heap.begin(), heap.end(), ranks_before);
-            } else if (ranks_before(c, heap.front())) {
-              std::pop_heap(heap.begin(), heap.end(), ranks_before);
-              heap.back() = c;
-              std::push_heap(heap.begin(), heap.end(), ranks_before);
-            }
+            OfferBounded(metric_, k, {dist[i], id0 + i}, scratch.heaps[q]);
           }
         }
       }
     }
     for (int q = 0; q < nq; ++q) {
-      std::vector<Candidate>& heap = scratch.heaps[q];
-      std::sort_heap(heap.begin(), heap.end(), ranks_before);
-      const int64_t r = rows[first + q];
-      for (size_t j = 0; j < heap.size(); ++j) {
-        out.distances[r * k + j] = heap[j].first;
-        out.ids[r * k + j] = heap[j].second;
-      }
+      WriteNearestFirst(metric_, scratch.heaps[q], rows[first + q], k, out);
     }
   }
   return scanned;
+}
+
+int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
+                                        absl::Span<const int64_t> sentences,
+                                        absl::Span<const int64_t> rows, int k, Scratch& scratch,
+                                        Neighbors& out) const {
+  SubsetRanges(codes_, sentences, scratch.ranges);
+  scratch.tokens.clear();
+  for (const auto& [begin, end] : scratch.ranges) {
+    for (int64_t t = begin; t < end; ++t) scratch.tokens.push_back(t);
+  }
+  const int64_t n = static_cast<int64_t>(scratch.tokens.size());
+  const int m = codebook_.m;
+  const size_t lut_size = static_cast<size_t>(m) * kLutSize;
+  scratch.luts.resize(kMaxQueriesPerPass * lut_size);
+  scratch.tables.resize(kMaxQueriesPerPass * lut_size);
+  scratch.block.resize(m);
+  scratch.zero_row.assign(m, 0);
+  scratch.filters.resize(kMaxQueriesPerPass);
+  scratch.heaps.resize(kMaxQueriesPerPass);
+  uint8_t* block = scratch.block.data()->bytes;
+  const uint8_t* codes = codes_.codes.data();
+
+  for (size_t first = 0; first < rows.size(); first += kMaxQueriesPerPass) {
+    const int nq = static_cast<int>(std::min<size_t>(kMaxQueriesPerPass, rows.size() - first));
+    const uint8_t* tables[kMaxQueriesPerPass];
+    for (int q = 0; q < nq; ++q) {
+      float* lut = scratch.luts.data() + q * lut_size;
+      ComputeLut(queries.row(rows[first + q]), lut);
+      uint8_t* table = scratch.tables.data() + q * lut_size;
+      scratch.filters[q].Reset(k, QuantizeLut(lut, m, metric_, table));
+      tables[q] = table;
+    }
+    // Stage 1: the integer sums of every position, block by block; the filters keep the
+    // positions that may be among the k nearest.
+    const uint8_t* lane_rows[kAdcBlock];
+    uint16_t limits[kMaxQueriesPerPass];
+    uint16_t sums[kMaxQueriesPerPass * kAdcBlock];
+    uint64_t below[kMaxQueriesPerPass];
+    for (int64_t b = 0; b < n; b += kAdcBlock) {
+      const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
+      for (int i = 0; i < kAdcBlock; ++i) {
+        lane_rows[i] = i < lanes ? codes + scratch.tokens[b + i] * m : scratch.zero_row.data();
+      }
+      quantized_.pack(lane_rows, m, block);
+      for (int q = 0; q < nq; ++q) limits[q] = scratch.filters[q].limit();
+      quantized_.scan(tables, nq, block, m, limits, sums, below);
+      const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
+      for (int q = 0; q < nq; ++q) {
+        scratch.filters[q].Offer(sums + q * kAdcBlock, below[q] & real_lanes, b);
+      }
+    }
+    // Stage 2: exact distances of the survivors (the scalar scan, so bit-identical to it).
+    for (int q = 0; q < nq; ++q) {
+      const float* lut = scratch.luts.data() + q * lut_size;
+      std::vector<Candidate>& heap = scratch.heaps[q];
+      heap.clear();
+      for (const auto& [sum, position] : scratch.filters[q].Survivors()) {
+        const int64_t token = scratch.tokens[position];
+        float distance;
+        adc_internal::ScanScalar(&lut, 1, codes + token * m, 1, m, &distance);
+        OfferBounded(metric_, k, {distance, codes_.token_begin + token}, heap);
+      }
+      WriteNearestFirst(metric_, heap, rows[first + q], k, out);
+    }
+  }
+  return n;
 }
 
 }  // namespace knnserve

@@ -4,8 +4,10 @@
 //
 // Per query the m x 256 distance table (LUT) is built once; the queries of one subset group (a
 // beam) share one pass over the codes of the group's sentences; k-selection keeps a bounded
-// heap per query. The scan kernel is picked at run time (adc_kernels.h) and gives bit-identical
-// results whichever it is.
+// heap per query. The scan kernel is picked at run time (adc_kernels.h) and gives identical
+// answers whichever it is: the exact kernels bit-identical distances for every code, the
+// quantized ones an integer pre-scan whose bounds let only possible top-k codes through to the
+// exact scalar distance.
 #ifndef KNNSERVE_COMMON_ADC_SUBSET_ADC_H_
 #define KNNSERVE_COMMON_ADC_SUBSET_ADC_H_
 
@@ -88,17 +90,23 @@ class SubsetAdc {
  private:
   SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Options options);
 
+  class CandidateFilter;
   struct Scratch;
-  // Searches the rows of one group into `out`; returns the number of codes scanned.
+  // Searches the rows of one group into `out`; returns the number of codes scanned. The exact
+  // float scan, and the quantized two-stage scan (for IsQuantized kernels).
   int64_t SearchGroup(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
                       absl::Span<const int64_t> rows, int k, Scratch& scratch,
                       Neighbors& out) const;
+  int64_t SearchGroupQuantized(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
+                               absl::Span<const int64_t> rows, int k, Scratch& scratch,
+                               Neighbors& out) const;
 
   const PqCodebook codebook_;
   const Metric metric_;
   const SubsetCodes codes_;
   const Options options_;
   const AdcScanFn scan_;
+  const QuantizedAdcKernels quantized_;  // null functions unless IsQuantized(options_.kernel)
   // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
   std::vector<float> centroids_t_;
 };

@@ -55,7 +55,7 @@ class TrainerTest : public ::testing::Test {
     o.adam.lr = 3e-3;
     o.adam.warmup_steps = 30;
     o.max_tokens = 256;
-    o.max_steps = 300;
+    o.max_steps = 500;
     o.valid_bleu_sentences = 0;
     o.save_every_minutes = 60;
     o.log_every_steps = 100;

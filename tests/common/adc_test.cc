@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "common/adc/adc_kernels.h"
 #include "common/adc/subset_adc.h"
 #include "common/status_matchers.h"
@@ -17,6 +18,9 @@ namespace {
 
 using ::knnserve::testing::StatusIs;
 using ::testing::HasSubstr;
+
+constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar, AdcKernel::kAvx2, AdcKernel::kAvx512,
+                                     AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi};
 
 // Every kernel this CPU supports must give bit-identical sums to the scalar reference, for M a
 // multiple of 16 and not (partial last chunk), several queries sharing the codes.
@@ -46,6 +50,54 @@ TEST(AdcKernels, SimdEqualsScalarBitForBit) {
       EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
           << AdcKernelName(kernel);
     }
+  }
+}
+
+// The VBMI pack and quantized scan equal their scalar twins byte for byte: rows from scattered
+// memory, M with every slab width the packer uses (8..64 bytes and the scalar fallback), sums
+// near the 16-bit ceiling, limits that split the lanes.
+TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
+  if (!CpuSupports(AdcKernel::kQuantizedVbmi)) GTEST_SKIP() << "no AVX-512 VBMI here";
+  const QuantizedAdcKernels scalar = GetQuantizedKernels(AdcKernel::kQuantizedScalar);
+  const QuantizedAdcKernels vbmi = GetQuantizedKernels(AdcKernel::kQuantizedVbmi);
+  std::mt19937_64 rng(17);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int m : {1, 4, 8, 12, 15, 16, 24, 32, 48, 64, 96, 100, 128, 256}) {
+    SCOPED_TRACE(m);
+    constexpr int kQueries = 3;
+    std::vector<uint8_t> memory(200 * m);
+    for (uint8_t& c : memory) c = static_cast<uint8_t>(byte(rng));
+    const uint8_t* rows[kAdcBlock];
+    for (int i = 0; i < kAdcBlock; ++i) rows[i] = memory.data() + (rng() % 200) * m;
+    std::vector<uint8_t> tables(kQueries * m * 256);
+    for (uint8_t& t : tables) t = static_cast<uint8_t>(byte(rng));
+    std::fill(tables.begin(), tables.begin() + m * 256, uint8_t{255});  // the largest sums
+    const uint8_t* table_ptrs[kQueries];
+    for (int q = 0; q < kQueries; ++q) table_ptrs[q] = tables.data() + q * m * 256;
+    const uint16_t limits[kQueries] = {65535, static_cast<uint16_t>(m * 128), 0};
+
+    struct Out {
+      std::vector<uint8_t> block;
+      uint16_t sums[kQueries * kAdcBlock];
+      uint64_t below[kQueries];
+    };
+    auto run = [&](const QuantizedAdcKernels& kernels, Out& out) {
+      alignas(64) static uint8_t block[kMaxAdcM * kAdcBlock];
+      kernels.pack(rows, m, block);
+      out.block.assign(block, block + m * kAdcBlock);
+      kernels.scan(table_ptrs, kQueries, block, m, limits, out.sums, out.below);
+    };
+    Out want, got;
+    run(scalar, want);
+    run(vbmi, got);
+    EXPECT_EQ(got.block, want.block);
+    EXPECT_EQ(std::memcmp(got.sums, want.sums, sizeof(want.sums)), 0);
+    EXPECT_EQ(std::memcmp(got.below, want.below, sizeof(want.below)), 0);
+    // The scalar pack is the definition: block[m][i] = rows[i][m].
+    for (int i = 0; i < kAdcBlock; ++i)
+      EXPECT_EQ(want.block[(m - 1) * kAdcBlock + i], rows[i][m - 1]);
+    EXPECT_EQ(want.sums[5], 255 * m);
+    EXPECT_EQ(want.below[0], ~uint64_t{0});
   }
 }
 
@@ -143,7 +195,7 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
   const std::vector<int32_t> row_group = {0, 1, 0, 0, 1, 0};
   constexpr int kK = 12;
   std::vector<SubsetResult> results;
-  for (AdcKernel kernel : {AdcKernel::kScalar, AdcKernel::kAvx2, AdcKernel::kAvx512}) {
+  for (AdcKernel kernel : kAllKernels) {
     if (!CpuSupports(kernel)) continue;
     SubsetCodes codes{8, 100, 5000, offsets, f.index.codes};
     ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, codes, {2, kernel}));
@@ -211,6 +263,58 @@ TEST(SubsetAdc, BeamSharingEqualsSeparateGroups) {
   EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
   EXPECT_EQ(a.neighbors.distances, b.neighbors.distances);
   EXPECT_EQ(a.vectors_scanned * 11, b.vectors_scanned);
+}
+
+// The quantized two-stage kernels return exactly the exact scan's neighbours and distances (ids
+// and float bits), for both metrics, k from 1 to more than the subset, beams of up to 11 rows,
+// and codes drawn from 3 values per sub-quantizer so that many distances tie (ties rank by id).
+TEST(SubsetAdc, QuantizedKernelsEqualTheExactScan) {
+  constexpr int kM = 16, kDsub = 2, kDim = kM * kDsub;
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> normal;
+  PqCodebook codebook{kM, kDsub, std::vector<float>(kM * 256 * kDsub)};
+  for (float& c : codebook.centroids) c = normal(rng);
+  std::vector<int64_t> offsets = {0};
+  while (offsets.back() < 20000) offsets.push_back(offsets.back() + 1 + rng() % 40);
+  const int64_t sentences = static_cast<int64_t>(offsets.size()) - 1;
+  for (bool ties : {false, true}) {
+    std::vector<uint8_t> code_bytes(offsets.back() * kM);
+    for (uint8_t& c : code_bytes) c = static_cast<uint8_t>(ties ? rng() % 3 : rng() % 256);
+    std::vector<float> queries(11 * kDim);
+    for (float& x : queries) x = 2 * normal(rng);
+    SubsetGroups groups(3);
+    for (int g = 0; g < 3; ++g) {
+      for (int s = 0; s < 50 * (g + 1) * (g + 1); ++s) groups[g].push_back(rng() % sentences);
+      std::sort(groups[g].begin(), groups[g].end());
+      groups[g].erase(std::unique(groups[g].begin(), groups[g].end()), groups[g].end());
+    }
+    const std::vector<int32_t> row_group = {0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    for (Metric metric : {Metric::kL2, Metric::kInnerProduct}) {
+      for (int k : {1, 7, 64, 3000}) {
+        SCOPED_TRACE(absl::StrCat(MetricName(metric), " k=", k, ties ? " ties" : ""));
+        std::vector<SubsetResult> results;
+        for (AdcKernel kernel :
+             {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+          if (!CpuSupports(kernel)) continue;
+          SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
+          ASSERT_OK_AND_ASSIGN(auto adc,
+                               SubsetAdc::Create(codebook, metric, std::move(codes), {2, kernel}));
+          ASSERT_OK_AND_ASSIGN(SubsetResult r,
+                               adc->SearchSubset({queries.data(), 11, kDim}, groups, row_group, k));
+          results.push_back(std::move(r));
+        }
+        for (size_t i = 1; i < results.size(); ++i) {
+          EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids) << i;
+          EXPECT_EQ(std::memcmp(results[i].neighbors.distances.data(),
+                                results[0].neighbors.distances.data(),
+                                results[0].neighbors.distances.size() * sizeof(float)),
+                    0)
+              << i;
+          EXPECT_EQ(results[i].vectors_scanned, results[0].vectors_scanned);
+        }
+      }
+    }
+  }
 }
 
 TEST(SubsetAdc, RejectsInconsistentInput) {
