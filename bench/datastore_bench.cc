@@ -86,7 +86,8 @@ int Run(int argc, char** argv) {
       const absl::Time begin = absl::Now();
       for (const Batch& b : o->batches) {
         const SentenceBatch batch =
-            BatchOf(*values, absl::Span<const int64_t>(o->ids).subspan(b.begin, b.end - b.begin));
+            BatchOf(values->source, values->target,
+                    absl::Span<const int64_t>(o->ids).subspan(b.begin, b.end - b.begin));
         absl::StatusOr<Matrix<float>> features = loaded->extractor->TokenFeatures(batch);
         if (!features.ok())
           return std::fprintf(stderr, "%s\n", features.status().ToString().c_str()), 1;

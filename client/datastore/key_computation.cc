@@ -17,36 +17,36 @@
 namespace knnserve::datastore {
 namespace {
 
-int64_t Length(const DatastoreValues& side, int64_t s) {
-  return side.offsets[s + 1] - side.offsets[s];
-}
+constexpr ValuesSide kSource = ValuesSide::kSource;
+constexpr ValuesSide kTarget = ValuesSide::kTarget;
 
 // Padded length each sentence needs in a batch of `kind`.
-std::vector<int64_t> BatchLengths(const ValuesFile& values, KeyKind kind) {
+std::vector<int64_t> BatchLengths(const ValuesReader& values, KeyKind kind) {
   std::vector<int64_t> lengths(values.num_sentences());
   for (int64_t s = 0; s < values.num_sentences(); ++s) {
     lengths[s] = kind == KeyKind::kSentences
-                     ? Length(values.source, s)
-                     : std::max(Length(values.source, s), Length(values.target, s));
+                     ? values.Length(kSource, s)
+                     : std::max(values.Length(kSource, s), values.Length(kTarget, s));
   }
   return lengths;
 }
 
-std::vector<int64_t> Lengths(const DatastoreValues& side) {
-  std::vector<int64_t> lengths(side.num_sentences());
-  for (int64_t s = 0; s < side.num_sentences(); ++s) lengths[s] = Length(side, s);
+std::vector<int64_t> Lengths(const ValuesReader& values, ValuesSide side) {
+  std::vector<int64_t> lengths(values.num_sentences());
+  for (int64_t s = 0; s < values.num_sentences(); ++s) lengths[s] = values.Length(side, s);
   return lengths;
 }
 
-absl::Status CheckLengths(const ValuesFile& values, const FeatureExtractor& extractor) {
+absl::Status CheckLengths(const ValuesReader& values, const FeatureExtractor& extractor) {
   for (int64_t s = 0; s < values.num_sentences(); ++s) {
-    if (Length(values.source, s) > extractor.max_source_length() ||
-        Length(values.target, s) > extractor.max_target_length()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sentence ", s, " (corpus line ", values.order[s] + 1, ") has ", Length(values.source, s),
-          " source and ", Length(values.target, s), " target tokens; the model accepts at most ",
-          extractor.max_source_length(), " and ", extractor.max_target_length(),
-          " (rebuild the values with a lower --max-tokens)"));
+    const int64_t source = values.Length(kSource, s);
+    const int64_t target = values.Length(kTarget, s);
+    if (source > extractor.max_source_length() || target > extractor.max_target_length()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sentence ", s, " (corpus line ", values.order()[s] + 1, ") has ", source,
+                       " source and ", target, " target tokens; the model accepts at most ",
+                       extractor.max_source_length(), " and ", extractor.max_target_length(),
+                       " (rebuild the values with a lower --max-tokens)"));
     }
   }
   return absl::OkStatus();
@@ -66,22 +66,34 @@ absl::StatusOr<size_t> BatchStartingAt(const std::vector<Batch>& batches,
   return static_cast<size_t>(it - first_row.begin());
 }
 
+// The sentences of `b` as a batch, read from `values`; `source` and `target` receive the tokens
+// the batch's spans point into.
+absl::StatusOr<SentenceBatch> ReadBatch(const ValuesReader& values, const Batch& b,
+                                        DatastoreValues& source, DatastoreValues& target) {
+  ASSIGN_OR_RETURN(source, values.ReadSentences(kSource, b.begin, b.end));
+  ASSIGN_OR_RETURN(target, values.ReadSentences(kTarget, b.begin, b.end));
+  std::vector<int64_t> ids(b.end - b.begin);
+  std::iota(ids.begin(), ids.end(), 0);
+  return BatchOf(source, target, ids);
+}
+
 }  // namespace
 
-SentenceBatch BatchOf(const ValuesFile& values, absl::Span<const int64_t> ids) {
+SentenceBatch BatchOf(const DatastoreValues& source, const DatastoreValues& target,
+                      absl::Span<const int64_t> ids) {
   SentenceBatch batch;
   auto span = [](const DatastoreValues& side, int64_t s) {
     return absl::Span<const int32_t>(side.tokens.data() + side.offsets[s],
-                                     static_cast<size_t>(Length(side, s)));
+                                     static_cast<size_t>(side.offsets[s + 1] - side.offsets[s]));
   };
   for (const int64_t s : ids) {
-    batch.sources.push_back(span(values.source, s));
-    batch.targets.push_back(span(values.target, s));
+    batch.sources.push_back(span(source, s));
+    batch.targets.push_back(span(target, s));
   }
   return batch;
 }
 
-absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtractor& extractor,
+absl::StatusOr<KeysReport> ComputeKeys(const ValuesReader& values, FeatureExtractor& extractor,
                                        const KeysOptions& options,
                                        std::map<std::string, std::string> identity,
                                        const std::string& out_path) {
@@ -95,10 +107,10 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtracto
       absl::StrCat("max_tokens=", options.max_tokens, ",max_sentences=", options.max_sentences);
   std::vector<int64_t> first_row;
   for (const Batch& b : batches) {
-    first_row.push_back(tokens ? values.target.offsets[b.begin] : b.begin);
+    first_row.push_back(tokens ? values.offsets(kTarget)[b.begin] : b.begin);
   }
   KeysFileSpec spec;
-  spec.rows = tokens ? static_cast<int64_t>(values.target.tokens.size()) : values.num_sentences();
+  spec.rows = tokens ? values.num_tokens(kTarget) : values.num_sentences();
   spec.dim = extractor.dim();
   spec.fp16 = options.fp16;
   spec.identity = std::move(identity);
@@ -110,8 +122,8 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtracto
   report.batches = static_cast<int64_t>(batches.size());
   report.resumed_from = writer->rows_completed();
   report.padding_fraction =
-      tokens ? PaddingFraction(batches, Lengths(values.source), Lengths(values.target))
-             : PaddingFraction(batches, Lengths(values.source),
+      tokens ? PaddingFraction(batches, Lengths(values, kSource), Lengths(values, kTarget))
+             : PaddingFraction(batches, Lengths(values, kSource),
                                std::vector<int64_t>(lengths.size(), 0));
   ASSIGN_OR_RETURN(const size_t start,
                    BatchStartingAt(batches, first_row, writer->rows_completed(), spec.rows));
@@ -121,13 +133,12 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtracto
   ProgressBar progress(tokens ? "keys" : "sentence keys", spec.rows - writer->rows_completed(),
                        progress_options);
   const absl::Time begin = absl::Now();
-  std::vector<int64_t> ids;
+  // One batch's tokens at a time: memory grows with the batch, not with the corpus.
+  DatastoreValues source, target;
   int64_t since_checkpoint = 0;
   int64_t checkpoints = 0;
   for (size_t b = start; b < batches.size(); ++b) {
-    ids.resize(batches[b].end - batches[b].begin);
-    std::iota(ids.begin(), ids.end(), batches[b].begin);
-    const SentenceBatch batch = BatchOf(values, ids);
+    ASSIGN_OR_RETURN(const SentenceBatch batch, ReadBatch(values, batches[b], source, target));
     ASSIGN_OR_RETURN(const Matrix<float> rows,
                      tokens ? extractor.TokenFeatures(batch) : extractor.SentenceEmbeddings(batch));
     RETURN_IF_ERROR(writer->Append(rows.view()));
@@ -151,21 +162,23 @@ absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options) {
   // LibTorch sets OpenMP to 1 thread on these machines: always set the count explicitly.
   at::set_num_threads(std::max(1, options.threads));
   ASSIGN_OR_RETURN(const FileDigest values_digest, DigestFile(options.values_path));
-  ASSIGN_OR_RETURN(const ValuesFile values, ReadValuesFile(options.values_path));
+  ASSIGN_OR_RETURN(const std::unique_ptr<ValuesReader> values,
+                   ValuesReader::Open(options.values_path));
+  const TokenizerInfo& tokenizer = values->tokenizer();
   ASSIGN_OR_RETURN(LoadedExtractor loaded,
                    LoadTransformerExtractor(options.model_path, options.feature, options.device));
-  if (loaded.vocab_size != values.tokenizer.vocab_size ||
-      loaded.eos_id != values.tokenizer.eos_id || loaded.pad_id != values.tokenizer.pad_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options.model_path, " has vocabulary ", loaded.vocab_size, " (eos ", loaded.eos_id,
-        ", pad ", loaded.pad_id, "), ", options.values_path, " was tokenized for ",
-        values.tokenizer.vocab_size, " (eos ", values.tokenizer.eos_id, ", pad ",
-        values.tokenizer.pad_id, "): another tokenizer"));
+  if (loaded.vocab_size != tokenizer.vocab_size || loaded.eos_id != tokenizer.eos_id ||
+      loaded.pad_id != tokenizer.pad_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.model_path, " has vocabulary ", loaded.vocab_size, " (eos ",
+                     loaded.eos_id, ", pad ", loaded.pad_id, "), ", options.values_path,
+                     " was tokenized for ", tokenizer.vocab_size, " (eos ", tokenizer.eos_id,
+                     ", pad ", tokenizer.pad_id, "): another tokenizer"));
   }
-  if (!loaded.tokenizer.empty() && Sha256Hex(loaded.tokenizer) != values.tokenizer.sha256) {
+  if (!loaded.tokenizer.empty() && Sha256Hex(loaded.tokenizer) != tokenizer.sha256) {
     return absl::FailedPreconditionError(
         absl::StrCat(options.model_path, " embeds tokenizer sha256 ", Sha256Hex(loaded.tokenizer),
-                     ", ", options.values_path, " was tokenized with ", values.tokenizer.sha256,
+                     ", ", options.values_path, " was tokenized with ", tokenizer.sha256,
                      ": rebuild the values with the model's tokenizer"));
   }
   ASSIGN_OR_RETURN(const FileDigest model_digest, DigestFile(options.model_path));
@@ -173,7 +186,7 @@ absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options) {
   const std::map<std::string, std::string> identity = {
       {"model_sha256", model_digest.sha256},
       {"values_sha256", values_digest.sha256},
-      {"tokenizer_sha256", values.tokenizer.sha256},
+      {"tokenizer_sha256", tokenizer.sha256},
       {"feature", tokens ? options.feature : std::string("encoder_mean")}};
   if (std::filesystem::exists(options.out_path)) {
     RETURN_IF_ERROR(CheckKeysFile(options.out_path, identity));
@@ -183,7 +196,7 @@ absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options) {
     report.dim = loaded.extractor->dim();
     return report;
   }
-  return ComputeKeys(values, *loaded.extractor, options.keys, identity, options.out_path);
+  return ComputeKeys(*values, *loaded.extractor, options.keys, identity, options.out_path);
 }
 
 }  // namespace knnserve::datastore

@@ -27,8 +27,8 @@ enum class KeyKind { kTokens, kSentences };
 struct KeysOptions {
   KeyKind kind = KeyKind::kTokens;
   bool fp16 = true;
-  int64_t max_tokens = 4096;     // per batch: sentences x longest (source or target) length
-  int64_t max_sentences = 256;   // per batch
+  int64_t max_tokens = 4096;    // per batch: sentences x longest (source or target) length
+  int64_t max_sentences = 256;  // per batch
   int64_t checkpoint_rows = 1 << 16;
   ProgressBar::Options progress;
   // Test hook: called after every checkpoint with the number of checkpoints so far.
@@ -47,13 +47,20 @@ struct KeysReport {
   FileDigest digest;
 };
 
-// The sentences `ids` of `values` as a batch (spans into `values`).
-SentenceBatch BatchOf(const ValuesFile& values, absl::Span<const int64_t> ids);
+// The sentences `ids` of the two sides as a batch (spans into `source` and `target`).
+// REQUIRES: both sides have the same sentences, ids in [0, source.num_sentences()).
+SentenceBatch BatchOf(const DatastoreValues& source, const DatastoreValues& target,
+                      absl::Span<const int64_t> ids);
 
 // Computes the keys of `values` into `out_path` with `extractor`, resuming "<out>.partial"
 // when its identity (`identity` plus the batch limits) matches. REQUIRES: out_path's final file
 // does not exist yet (see RunKeysStep).
-absl::StatusOr<KeysReport> ComputeKeys(const ValuesFile& values, FeatureExtractor& extractor,
+//
+// Streams the tokens: each batch's sentences are read from `values` (one read per side) when the
+// batch is computed, so memory holds the reader's per-sentence arrays, O(sentences) batch-plan
+// vectors, one batch's tokens and the extractor's tensors, never all tokens. A token id outside
+// the vocabulary fails the run at its batch (after the checkpoints before it).
+absl::StatusOr<KeysReport> ComputeKeys(const ValuesReader& values, FeatureExtractor& extractor,
                                        const KeysOptions& options,
                                        std::map<std::string, std::string> identity,
                                        const std::string& out_path);

@@ -114,11 +114,19 @@ std::string KeysDetail(const KeysReport& r) {
                          r.dim, r.rows_per_second, 100 * r.padding_fraction, r.resumed_from);
 }
 
-absl::StatusOr<std::string> RunIndex(const std::string& keys_path, const ValuesFile* values,
+// An index of the keys at `keys_path`, with the target values of `values_path` unless that is
+// empty. BuildIndex takes the values whole, so the target side is loaded here, and only here: the
+// source side and /order stay on disk.
+absl::StatusOr<std::string> RunIndex(const std::string& keys_path, const std::string& values_path,
                                      const IndexBuildOptions& options, const std::string& dir) {
   ASSIGN_OR_RETURN(std::unique_ptr<Hdf5KeySource> keys, Hdf5KeySource::Open(keys_path));
+  std::optional<DatastoreValues> target;
+  if (!values_path.empty()) {
+    ASSIGN_OR_RETURN(const std::unique_ptr<ValuesReader> values, ValuesReader::Open(values_path));
+    ASSIGN_OR_RETURN(target, values->ReadAll(ValuesSide::kTarget));
+  }
   ASSIGN_OR_RETURN(const IndexManifest manifest,
-                   BuildIndex(*keys, values != nullptr ? &values->target : nullptr, options, dir));
+                   BuildIndex(*keys, target ? &*target : nullptr, options, dir));
   return absl::StrCat(
       options.factory, ", ", manifest.total_vectors, " vectors, ", manifest.shards.size(),
       " shards",
@@ -204,7 +212,6 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
                                   }));
   }
 
-  ASSIGN_OR_RETURN(const ValuesFile values, ReadValuesFile(values_path));
   for (const bool sentences : {false, true}) {
     const std::string dir_name = sentences ? kSentenceIndexDirName : kIndexDirName;
     const std::string dir = Join(options.out_dir, dir_name);
@@ -218,7 +225,7 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
         sentences ? "sentence_index" : "index", Join(dir_name, kManifestFileName),
         [&]() -> absl::StatusOr<std::string> {
           return RunIndex(Join(options.out_dir, sentences ? kSentenceKeysFileName : kKeysFileName),
-                          sentences ? nullptr : &values, index, dir);
+                          sentences ? std::string() : values_path, index, dir);
         },
         [&] { return VerifyIndexDirectory(dir); }));
   }

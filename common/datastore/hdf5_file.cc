@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -59,9 +60,11 @@ void Append(H5::DataSet& ds, absl::Span<const T> data) {
   ds.write(data.data(), NativeType<T>(), mem_space, file_space);
 }
 
+// Elements [begin, end) of a 1-D integer dataset in one hyperslab read, or all when no range.
 template <typename T>
 absl::StatusOr<std::vector<T>> ReadVector(const H5::H5File& file, const std::string& path,
-                                          const std::string& name) {
+                                          const std::string& name,
+                                          std::optional<std::pair<int64_t, int64_t>> range) {
   std::vector<T> out;
   RETURN_IF_ERROR(Guard(path, absl::StrCat("read ", name), [&]() -> absl::Status {
     H5::DataSet ds = file.openDataSet(name);
@@ -72,8 +75,18 @@ absl::StatusOr<std::vector<T>> ReadVector(const H5::H5File& file, const std::str
     }
     hsize_t n = 0;
     space.getSimpleExtentDims(&n);
-    out.resize(n);
-    if (n > 0) ds.read(out.data(), NativeType<T>());  // HDF5 converts integer widths
+    const auto [begin, end] = range.value_or(std::pair<int64_t, int64_t>(0, n));
+    if (begin < 0 || end < begin || static_cast<hsize_t>(end) > n) {
+      return absl::OutOfRangeError(absl::StrCat(path, ": ", name, " has ", n,
+                                                " elements, cannot read [", begin, ", ", end, ")"));
+    }
+    const hsize_t start = static_cast<hsize_t>(begin);
+    const hsize_t count = static_cast<hsize_t>(end - begin);
+    out.resize(count);
+    if (count == 0) return absl::OkStatus();
+    space.selectHyperslab(H5S_SELECT_SET, &count, &start);
+    H5::DataSpace mem_space(1, &count);
+    ds.read(out.data(), NativeType<T>(), mem_space, space);  // HDF5 converts integer widths
     return absl::OkStatus();
   }));
   return out;
@@ -154,11 +167,16 @@ absl::Status Hdf5File::AppendInt64(const std::string& name, absl::Span<const int
 }
 
 absl::StatusOr<std::vector<int32_t>> Hdf5File::ReadInt32(const std::string& name) const {
-  return ReadVector<int32_t>(handles_->file, path_, name);
+  return ReadVector<int32_t>(handles_->file, path_, name, std::nullopt);
 }
 
 absl::StatusOr<std::vector<int64_t>> Hdf5File::ReadInt64(const std::string& name) const {
-  return ReadVector<int64_t>(handles_->file, path_, name);
+  return ReadVector<int64_t>(handles_->file, path_, name, std::nullopt);
+}
+
+absl::StatusOr<std::vector<int32_t>> Hdf5File::ReadInt32(const std::string& name, int64_t begin,
+                                                         int64_t end) const {
+  return ReadVector<int32_t>(handles_->file, path_, name, std::make_pair(begin, end));
 }
 
 absl::Status Hdf5File::CreateMatrix(const std::string& name, Hdf5Type type, int64_t rows,

@@ -49,6 +49,10 @@ class Hdf5File {
   // Reads a whole 1-D integer dataset (any stored integer width).
   absl::StatusOr<std::vector<int32_t>> ReadInt32(const std::string& name) const;
   absl::StatusOr<std::vector<int64_t>> ReadInt64(const std::string& name) const;
+  // Reads elements [begin, end) of a 1-D integer dataset with one hyperslab read; OUT_OF_RANGE
+  // unless 0 <= begin <= end <= its size.
+  absl::StatusOr<std::vector<int32_t>> ReadInt32(const std::string& name, int64_t begin,
+                                                 int64_t end) const;
 
   // A rows x cols matrix of kFloat16 or kFloat32, chunked by `chunk_rows` rows, its storage
   // allocated at creation: later row writes change no metadata, so a process killed while

@@ -14,18 +14,24 @@ absl::Status MatrixKeySource::Read(int64_t begin, int64_t end, float* out) const
 }
 
 absl::Status DatastoreValues::Validate() const {
+  return ValidateOffsets(offsets, static_cast<int64_t>(tokens.size()), "/offsets", "/tokens");
+}
+
+absl::Status ValidateOffsets(absl::Span<const int64_t> offsets, int64_t num_tokens,
+                             absl::string_view offsets_name, absl::string_view tokens_name) {
   if (offsets.empty() || offsets.front() != 0) {
-    return absl::InvalidArgumentError("values: /offsets must start with 0");
+    return absl::InvalidArgumentError(absl::StrCat("values: ", offsets_name, " must start with 0"));
   }
   for (size_t s = 1; s < offsets.size(); ++s) {
     if (offsets[s] < offsets[s - 1]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("values: /offsets decrease at sentence ", s - 1));
+          absl::StrCat("values: ", offsets_name, " decrease at sentence ", s - 1));
     }
   }
-  if (offsets.back() != static_cast<int64_t>(tokens.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("values: /offsets end at ", offsets.back(),
-                                                   " but /tokens has ", tokens.size()));
+  if (offsets.back() != num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("values: ", offsets_name, " end at ",
+                                                   offsets.back(), " but ", tokens_name, " has ",
+                                                   num_tokens));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/matrix.h"
 
 namespace knnserve {
@@ -44,6 +46,12 @@ struct DatastoreValues {
   // INVALID_ARGUMENT unless offsets start at 0, never decrease and end at tokens.size().
   absl::Status Validate() const;
 };
+
+// INVALID_ARGUMENT unless `offsets` (of the dataset `offsets_name`) is non-empty, starts at 0,
+// never decreases and ends at `num_tokens` (the size of `tokens_name`); the error names both
+// datasets.
+absl::Status ValidateOffsets(absl::Span<const int64_t> offsets, int64_t num_tokens,
+                             absl::string_view offsets_name, absl::string_view tokens_name);
 
 }  // namespace knnserve
 

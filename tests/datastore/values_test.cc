@@ -1,16 +1,21 @@
-// The values step, batch plans and the resumable key file, without a model.
+// The values step, the values reader, batch plans and the resumable key file, without a model.
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/datastore/batch_plan.h"
 #include "common/datastore/hdf5_datastore.h"
+#include "common/datastore/hdf5_file.h"
 #include "common/datastore/keys_file.h"
 #include "common/datastore/values_builder.h"
 #include "common/datastore/values_file.h"
 #include "common/files.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -20,6 +25,7 @@ namespace knnserve {
 namespace {
 
 using ::knnserve::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -153,6 +159,153 @@ TEST_F(ValuesTest, ACorpusWithoutUsableLinesIsAnError) {
   ValuesBuildOptions options = Options("no tab\n");
   EXPECT_THAT(BuildValues(options, FakeTokenize),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no usable sentence")));
+}
+
+// `n` seeded random corpus lines of 1 to 12 words each side.
+std::string RandomCorpus(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> words(1, 12);
+  std::uniform_int_distribution<int> letter('a', 'z');
+  auto side = [&] {
+    std::string text;
+    for (int w = words(rng); w > 0; --w) text += std::string(1 + w % 3, letter(rng)) + " ";
+    return text;
+  };
+  std::string corpus;
+  for (int i = 0; i < n; ++i) corpus += side() + "\t" + side() + "\n";
+  return corpus;
+}
+
+// Writes `values` as the values step lays it out, inconsistent or not (for refusal tests).
+absl::Status WriteValuesFile(const std::string& path, const ValuesFile& values) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file, Hdf5File::Open(path, Hdf5File::Mode::kCreate));
+  RETURN_IF_ERROR(file->SetAttribute("format", kValuesFormat));
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"version", kValuesVersion},
+                                                    {"vocab_size", values.tokenizer.vocab_size},
+                                                    {"bos_id", values.tokenizer.bos_id},
+                                                    {"pad_id", values.tokenizer.pad_id},
+                                                    {"eos_id", values.tokenizer.eos_id},
+                                                    {"unk_id", values.tokenizer.unk_id},
+                                                    {"corpus_lines", values.corpus_lines},
+                                                    {"bad_lines", values.bad_lines}}) {
+    RETURN_IF_ERROR(file->SetAttribute(name, value));
+  }
+  RETURN_IF_ERROR(file->SetAttribute("tokenizer_sha256", values.tokenizer.sha256));
+  RETURN_IF_ERROR(file->SetAttribute("corpus_sha256", values.corpus_sha256));
+  for (const auto& [name, tokens] : {std::make_pair("/tokens", &values.target.tokens),
+                                     std::make_pair("/src_tokens", &values.source.tokens)}) {
+    RETURN_IF_ERROR(file->CreateVector(name, Hdf5Type::kInt32, 64, false));
+    RETURN_IF_ERROR(file->AppendInt32(name, *tokens));
+  }
+  for (const auto& [name, ints] : {std::make_pair("/offsets", &values.target.offsets),
+                                   std::make_pair("/src_offsets", &values.source.offsets),
+                                   std::make_pair("/order", &values.order)}) {
+    RETURN_IF_ERROR(file->CreateVector(name, Hdf5Type::kInt64, 64, false));
+    RETURN_IF_ERROR(file->AppendInt64(name, *ints));
+  }
+  return file->Close();
+}
+
+class ValuesReaderTest : public ValuesTest {
+ protected:
+  // A values.h5 of 60 seeded random lines, read whole.
+  ValuesFile BuildRandom() {
+    const ValuesBuildOptions options = Options(RandomCorpus(60, 11));
+    EXPECT_OK(BuildValues(options, FakeTokenize));
+    absl::StatusOr<ValuesFile> values = ReadValuesFile(options.out_path);
+    EXPECT_OK(values.status());
+    return values.ok() ? *std::move(values) : ValuesFile();
+  }
+};
+
+// Sentences [begin, end) of a side read whole, as ReadSentences returns them.
+DatastoreValues Slice(const DatastoreValues& side, int64_t begin, int64_t end) {
+  DatastoreValues out;
+  out.tokens.assign(side.tokens.begin() + side.offsets[begin],
+                    side.tokens.begin() + side.offsets[end]);
+  for (int64_t s = begin; s <= end; ++s) {
+    out.offsets.push_back(side.offsets[s] - side.offsets[begin]);
+  }
+  return out;
+}
+
+TEST_F(ValuesReaderTest, ReadsTheSameTokensAsReadValuesFileForRandomSentenceRanges) {
+  const ValuesFile whole = BuildRandom();
+  ASSERT_EQ(whole.num_sentences(), 60);
+  ASSERT_OK_AND_ASSIGN(const std::unique_ptr<ValuesReader> reader,
+                       ValuesReader::Open(Path("values.h5")));
+  ASSERT_EQ(reader->num_sentences(), whole.num_sentences());
+  EXPECT_EQ(reader->offsets(ValuesSide::kTarget), whole.target.offsets);
+  EXPECT_EQ(reader->offsets(ValuesSide::kSource), whole.source.offsets);
+  EXPECT_EQ(reader->num_tokens(ValuesSide::kTarget),
+            static_cast<int64_t>(whole.target.tokens.size()));
+  EXPECT_EQ(reader->order(), whole.order);
+  EXPECT_EQ(reader->tokenizer().sha256, whole.tokenizer.sha256);
+  EXPECT_EQ(reader->corpus_lines(), 60);
+
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int64_t> sentence(0, whole.num_sentences());
+  for (int trial = 0; trial < 100; ++trial) {
+    int64_t begin = sentence(rng), end = sentence(rng);
+    if (begin > end) std::swap(begin, end);  // empty ranges (begin == end) included
+    for (const ValuesSide side : {ValuesSide::kTarget, ValuesSide::kSource}) {
+      const DatastoreValues& expected = side == ValuesSide::kTarget ? whole.target : whole.source;
+      ASSERT_OK_AND_ASSIGN(const DatastoreValues got, reader->ReadSentences(side, begin, end));
+      const DatastoreValues want = Slice(expected, begin, end);
+      EXPECT_EQ(got.tokens, want.tokens) << "[" << begin << ", " << end << ")";
+      EXPECT_EQ(got.offsets, want.offsets) << "[" << begin << ", " << end << ")";
+    }
+  }
+  EXPECT_THAT(reader->ReadSentences(ValuesSide::kTarget, 3, 61),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("values.h5")));
+}
+
+TEST_F(ValuesReaderTest, ATokenOutsideTheVocabularyIsRefusedNamingTheFileAndTheSentence) {
+  ValuesFile bad = BuildRandom();
+  bad.source.tokens[bad.source.offsets[7] + 1] = kVocab;
+  const std::string path = Path("bad.h5");
+  ASSERT_OK(WriteValuesFile(path, bad));
+  // Opening reads no token; ranges without the bad one read fine.
+  ASSERT_OK_AND_ASSIGN(const std::unique_ptr<ValuesReader> reader, ValuesReader::Open(path));
+  EXPECT_OK(reader->ReadSentences(ValuesSide::kSource, 0, 7).status());
+  EXPECT_OK(reader->ReadSentences(ValuesSide::kTarget, 0, 60).status());
+  const auto names_it = StatusIs(
+      absl::StatusCode::kInvalidArgument,
+      AllOf(HasSubstr("bad.h5"),
+            HasSubstr(absl::StrCat("/src_tokens of sentence 7 (corpus line ", bad.order[7] + 1,
+                                   ") holds token id 50 at position 1"))));
+  EXPECT_THAT(reader->ReadSentences(ValuesSide::kSource, 5, 9), names_it);
+  EXPECT_THAT(ReadValuesFile(path), names_it);
+}
+
+TEST_F(ValuesReaderTest, InconsistentOffsetsOrOrderAreRefusedAtOpenNamingTheFile) {
+  const ValuesFile good = BuildRandom();
+  struct Case {
+    const char* what;
+    std::function<void(ValuesFile&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"/offsets decrease at sentence 3",
+       [](ValuesFile& v) { v.target.offsets[4] = v.target.offsets[3] - 1; }},
+      {"/src_offsets end at", [](ValuesFile& v) { v.source.offsets.back() -= 1; }},
+      {"/src_offsets must start with 0", [](ValuesFile& v) { v.source.offsets[0] = 1; }},
+      {"/src_offsets 59",
+       [](ValuesFile& v) {
+         v.source.offsets.pop_back();
+         v.source.tokens.resize(v.source.offsets.back());
+       }},
+      {"twice", [](ValuesFile& v) { v.order[1] = v.order[0]; }},
+  };
+  for (const Case& c : cases) {
+    ValuesFile bad = good;
+    c.spoil(bad);
+    const std::string path = Path("bad.h5");
+    ASSERT_OK(WriteValuesFile(path, bad));
+    EXPECT_THAT(ValuesReader::Open(path), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   AllOf(HasSubstr("bad.h5"), HasSubstr(c.what))))
+        << c.what;
+  }
 }
 
 TEST(BatchPlanTest, BatchesAreContiguousAndWithinTheTokenBudget) {
