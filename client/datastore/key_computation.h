@@ -30,6 +30,9 @@ struct KeysOptions {
   int64_t max_tokens = 4096;    // per batch: sentences x longest (source or target) length
   int64_t max_sentences = 256;  // per batch
   int64_t checkpoint_rows = 1 << 16;
+  // Tokens per side read from values.h5 at a time: consecutive whole batches (at least one).
+  // Bounds the tokens in memory; does not change the output.
+  int64_t read_window_tokens = 1 << 20;
   ProgressBar::Options progress;
   // Test hook: called after every checkpoint with the number of checkpoints so far.
   std::function<void(int64_t)> after_checkpoint;
@@ -56,10 +59,11 @@ SentenceBatch BatchOf(const DatastoreValues& source, const DatastoreValues& targ
 // when its identity (`identity` plus the batch limits) matches. REQUIRES: out_path's final file
 // does not exist yet (see RunKeysStep).
 //
-// Streams the tokens: each batch's sentences are read from `values` (one read per side) when the
-// batch is computed, so memory holds the reader's per-sentence arrays, O(sentences) batch-plan
-// vectors, one batch's tokens and the extractor's tensors, never all tokens. A token id outside
-// the vocabulary fails the run at its batch (after the checkpoints before it).
+// Streams the tokens: they are read from `values` in windows of consecutive batches (one read per
+// side per window, options.read_window_tokens), so memory holds the reader's per-sentence arrays,
+// O(sentences) batch-plan vectors, one window of tokens and the extractor's tensors, never all
+// tokens. A token id outside the vocabulary fails the run at its window (after the checkpoints
+// before it).
 absl::StatusOr<KeysReport> ComputeKeys(const ValuesReader& values, FeatureExtractor& extractor,
                                        const KeysOptions& options,
                                        std::map<std::string, std::string> identity,

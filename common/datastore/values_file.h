@@ -40,7 +40,7 @@ struct TokenizerInfo {
 };
 
 // A whole values.h5 in memory (4 bytes per token per side): for tests, benchmarks and small
-// datastores. The pipeline's steps stream through ValuesReader instead.
+// datastores. The keys and sentence-keys steps stream through ValuesReader instead.
 struct ValuesFile {
   DatastoreValues target;  // /tokens, /offsets
   DatastoreValues source;  // /src_tokens, /src_offsets

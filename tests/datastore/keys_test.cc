@@ -50,6 +50,7 @@ class KeysTest : public knnserve::testing::TempDirTest {
     step.keys.kind = kind;
     step.keys.max_tokens = 64;  // many small batches
     step.keys.checkpoint_rows = 40;
+    step.keys.read_window_tokens = 150;  // many windows (the CLI's default reads one)
     step.keys.progress.out = devnull_;
     return step;
   }
