@@ -63,8 +63,8 @@ enum class ValuesSide {
 };
 
 // values.h5 opened for streaming: the tokens stay on disk and are read one contiguous sentence
-// range at a time (a batch of the key computation: sentences are stored length-sorted, so a
-// batch is a range).
+// range at a time (the key computation reads windows of consecutive batches: sentences are stored
+// length-sorted, so batches and windows are ranges).
 //
 // Memory: Open holds what is per sentence only, both offsets arrays and /order (24 bytes per
 // sentence) plus the attributes; never a token. ReadSentences returns the tokens of its range
