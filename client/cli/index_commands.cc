@@ -42,10 +42,8 @@ struct BuildFlags {
 void RunBuild(BuildFlags& f) {
   f.options.metric = ParseMetric(f.metric);
   std::unique_ptr<Hdf5KeySource> keys = ValueOrExit(Hdf5KeySource::Open(f.keys));
-  std::unique_ptr<DatastoreValues> values;
-  if (!f.values.empty()) {
-    values = std::make_unique<DatastoreValues>(ValueOrExit(ReadValuesHdf5(f.values)));
-  }
+  std::unique_ptr<Hdf5ValueSource> values;  // streamed: only the offsets stay in memory
+  if (!f.values.empty()) values = ValueOrExit(Hdf5ValueSource::Open(f.values));
   std::fprintf(stderr, "index build: %lld keys of dimension %d (%s) -> %s, \"%s\", %d shards\n",
                static_cast<long long>(keys->rows()), keys->dim(),
                keys->is_fp16() ? "float16" : "float32", f.out.c_str(), f.options.factory.c_str(),

@@ -115,15 +115,16 @@ std::string KeysDetail(const KeysReport& r) {
 }
 
 // An index of the keys at `keys_path`, with the target values of `values_path` unless that is
-// empty. BuildIndex takes the values whole, so the target side is loaded here, and only here: the
-// source side and /order stay on disk.
+// empty. The target tokens are streamed from values.h5 (TargetValueSource): only the offsets and
+// /order of every sentence are in memory, never the tokens of the corpus.
 absl::StatusOr<std::string> RunIndex(const std::string& keys_path, const std::string& values_path,
                                      const IndexBuildOptions& options, const std::string& dir) {
   ASSIGN_OR_RETURN(std::unique_ptr<Hdf5KeySource> keys, Hdf5KeySource::Open(keys_path));
-  std::optional<DatastoreValues> target;
+  std::unique_ptr<ValuesReader> values;
+  std::optional<TargetValueSource> target;
   if (!values_path.empty()) {
-    ASSIGN_OR_RETURN(const std::unique_ptr<ValuesReader> values, ValuesReader::Open(values_path));
-    ASSIGN_OR_RETURN(target, values->ReadAll(ValuesSide::kTarget));
+    ASSIGN_OR_RETURN(values, ValuesReader::Open(values_path));
+    target.emplace(*values);
   }
   ASSIGN_OR_RETURN(const IndexManifest manifest,
                    BuildIndex(*keys, target ? &*target : nullptr, options, dir));

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/datastore/hdf5_guard.h"
 #include "common/check.h"
+#include "common/datastore/hdf5_guard.h"
 #include "common/half.h"
 #include "common/status_macros.h"
 
@@ -19,10 +19,8 @@ namespace {
 using hdf5_internal::Guard;
 using hdf5_internal::HalfType;
 
-template <typename T>
-absl::Status ReadVector(const H5::H5File& file, const char* name, const H5::PredType& type,
-                        std::vector<T>& out) {
-  H5::DataSet ds = file.openDataSet(name);
+// The size of `ds`, the dataset `name`, unless it is not a 1-D integer dataset.
+absl::StatusOr<hsize_t> IntegerVectorSize(const H5::DataSet& ds, const char* name) {
   H5::DataSpace space = ds.getSpace();
   if (space.getSimpleExtentNdims() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(name, " must be one-dimensional"));
@@ -32,8 +30,14 @@ absl::Status ReadVector(const H5::H5File& file, const char* name, const H5::Pred
   }
   hsize_t n = 0;
   space.getSimpleExtentDims(&n);
+  return n;
+}
+
+absl::Status ReadInt64Vector(const H5::H5File& file, const char* name, std::vector<int64_t>& out) {
+  H5::DataSet ds = file.openDataSet(name);
+  ASSIGN_OR_RETURN(const hsize_t n, IntegerVectorSize(ds, name));
   out.resize(n);
-  if (n > 0) ds.read(out.data(), type);  // HDF5 converts integer widths
+  if (n > 0) ds.read(out.data(), H5::PredType::NATIVE_INT64);  // HDF5 converts integer widths
   return absl::OkStatus();
 }
 
@@ -106,16 +110,61 @@ absl::Status Hdf5KeySource::Read(int64_t begin, int64_t end, float* out) const {
       });
 }
 
-absl::StatusOr<DatastoreValues> ReadValuesHdf5(const std::string& path) {
-  DatastoreValues values;
-  RETURN_IF_ERROR(Guard(path, "read values", [&]() -> absl::Status {
-    H5::H5File file(path, H5F_ACC_RDONLY);
-    RETURN_IF_ERROR(ReadVector(file, "/tokens", H5::PredType::NATIVE_INT32, values.tokens));
-    return ReadVector(file, "/offsets", H5::PredType::NATIVE_INT64, values.offsets);
+struct Hdf5ValueSource::Handles {
+  H5::H5File file;
+  H5::DataSet tokens;
+};
+
+Hdf5ValueSource::Hdf5ValueSource(std::string path, std::unique_ptr<Handles> handles,
+                                 std::vector<int64_t> offsets, int64_t num_tokens)
+    : path_(std::move(path)),
+      handles_(std::move(handles)),
+      offsets_(std::move(offsets)),
+      num_tokens_(num_tokens) {}
+
+Hdf5ValueSource::~Hdf5ValueSource() = default;
+
+absl::StatusOr<std::unique_ptr<Hdf5ValueSource>> Hdf5ValueSource::Open(const std::string& path) {
+  std::unique_ptr<Hdf5ValueSource> source;
+  RETURN_IF_ERROR(Guard(path, "open values", [&]() -> absl::Status {
+    auto handles = std::make_unique<Handles>();
+    handles->file.openFile(path, H5F_ACC_RDONLY);
+    handles->tokens = handles->file.openDataSet("/tokens");
+    ASSIGN_OR_RETURN(const hsize_t num_tokens, IntegerVectorSize(handles->tokens, "/tokens"));
+    std::vector<int64_t> offsets;
+    RETURN_IF_ERROR(ReadInt64Vector(handles->file, "/offsets", offsets));
+    source.reset(new Hdf5ValueSource(path, std::move(handles), std::move(offsets),
+                                     static_cast<int64_t>(num_tokens)));
+    return absl::OkStatus();
   }));
-  if (absl::Status s = values.Validate(); !s.ok()) {
+  if (absl::Status s =
+          ValidateOffsets(source->offsets_, source->num_tokens_, "/offsets", "/tokens");
+      !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
+  return source;
+}
+
+absl::Status Hdf5ValueSource::Read(int64_t begin, int64_t end, int32_t* out) const {
+  KNNSERVE_CHECK(0 <= begin && begin <= end && end <= num_tokens_, "token range out of bounds");
+  if (begin == end) return absl::OkStatus();
+  return Guard(path_, absl::StrCat("read /tokens [", begin, ", ", end, ")"), [&]() -> absl::Status {
+    const hsize_t count = static_cast<hsize_t>(end - begin);
+    const hsize_t start = static_cast<hsize_t>(begin);
+    H5::DataSpace file_space = handles_->tokens.getSpace();
+    file_space.selectHyperslab(H5S_SELECT_SET, &count, &start);
+    H5::DataSpace mem_space(1, &count);
+    handles_->tokens.read(out, H5::PredType::NATIVE_INT32, mem_space, file_space);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<DatastoreValues> ReadValuesHdf5(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::unique_ptr<Hdf5ValueSource> source, Hdf5ValueSource::Open(path));
+  DatastoreValues values;
+  values.offsets.assign(source->offsets().begin(), source->offsets().end());
+  values.tokens.resize(source->num_tokens());
+  RETURN_IF_ERROR(source->Read(0, source->num_tokens(), values.tokens.data()));
   return values;
 }
 

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/datastore/key_source.h"
@@ -37,7 +38,34 @@ class Hdf5KeySource : public KeySource {
   const bool fp16_;
 };
 
-// Reads /tokens and /offsets of a values.h5 file and validates them.
+// /tokens and /offsets of a values.h5 file (only those two: the pipeline's values.h5 or a
+// minimal one from WriteValuesHdf5), streamed: Open reads the offsets (8 bytes per sentence) and
+// validates them against the size of /tokens; Read reads a token range with one hyperslab read.
+// Thread-compatible (the HDF5 library is serial).
+class Hdf5ValueSource : public ValueSource {
+ public:
+  // INVALID_ARGUMENT naming the file when a dataset is missing, not 1-D integers, or the offsets
+  // are invalid.
+  static absl::StatusOr<std::unique_ptr<Hdf5ValueSource>> Open(const std::string& path);
+  ~Hdf5ValueSource() override;
+
+  absl::Span<const int64_t> offsets() const override { return offsets_; }
+  int64_t num_tokens() const override { return num_tokens_; }
+  absl::Status Read(int64_t begin, int64_t end, int32_t* out) const override;
+
+ private:
+  struct Handles;
+  Hdf5ValueSource(std::string path, std::unique_ptr<Handles> handles, std::vector<int64_t> offsets,
+                  int64_t num_tokens);
+
+  const std::string path_;
+  std::unique_ptr<Handles> handles_;
+  const std::vector<int64_t> offsets_;
+  const int64_t num_tokens_;
+};
+
+// Reads /tokens and /offsets of a values.h5 file whole (4 bytes per token) and validates them:
+// for small callers; an index build streams through Hdf5ValueSource.
 absl::StatusOr<DatastoreValues> ReadValuesHdf5(const std::string& path);
 
 // Writers, for tests and tools that make small datastores (the datastore pipeline has its own

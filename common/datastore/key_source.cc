@@ -13,8 +13,10 @@ absl::Status MatrixKeySource::Read(int64_t begin, int64_t end, float* out) const
   return absl::OkStatus();
 }
 
-absl::Status DatastoreValues::Validate() const {
-  return ValidateOffsets(offsets, static_cast<int64_t>(tokens.size()), "/offsets", "/tokens");
+absl::Status MemoryValueSource::Read(int64_t begin, int64_t end, int32_t* out) const {
+  KNNSERVE_CHECK(0 <= begin && begin <= end && end <= num_tokens(), "token range out of bounds");
+  std::copy(values_.tokens.begin() + begin, values_.tokens.begin() + end, out);
+  return absl::OkStatus();
 }
 
 absl::Status ValidateOffsets(absl::Span<const int64_t> offsets, int64_t num_tokens,

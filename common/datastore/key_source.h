@@ -43,8 +43,37 @@ struct DatastoreValues {
   std::vector<int64_t> offsets;  // num_sentences() + 1 entries, offsets[0] == 0
 
   int64_t num_sentences() const { return static_cast<int64_t>(offsets.size()) - 1; }
-  // INVALID_ARGUMENT unless offsets start at 0, never decrease and end at tokens.size().
-  absl::Status Validate() const;
+};
+
+// The target side of a datastore as an index build reads it: the sentence offsets in memory (8
+// bytes per sentence), the tokens read by token range, so that no caller needs them all at once.
+// Implementations: MemoryValueSource below, TargetValueSource (values_file.h) over values.h5.
+// Thread-compatible, like KeySource: Read may read a file.
+class ValueSource {
+ public:
+  virtual ~ValueSource() = default;
+  // Sentence s holds the tokens [offsets()[s], offsets()[s + 1]). Owned by the source and valid
+  // while it lives. A source does not promise valid offsets: check them against num_tokens()
+  // with ValidateOffsets before use.
+  virtual absl::Span<const int64_t> offsets() const = 0;
+  int64_t num_sentences() const { return static_cast<int64_t>(offsets().size()) - 1; }
+  // How many tokens the source holds (offsets().back() when the offsets are valid).
+  virtual int64_t num_tokens() const = 0;
+  // Reads tokens [begin, end) into out (end - begin int32s).
+  // REQUIRES: 0 <= begin <= end <= num_tokens().
+  virtual absl::Status Read(int64_t begin, int64_t end, int32_t* out) const = 0;
+};
+
+// Values borrowed from memory; `values` must outlive the source.
+class MemoryValueSource : public ValueSource {
+ public:
+  explicit MemoryValueSource(const DatastoreValues& values) : values_(values) {}
+  absl::Span<const int64_t> offsets() const override { return values_.offsets; }
+  int64_t num_tokens() const override { return static_cast<int64_t>(values_.tokens.size()); }
+  absl::Status Read(int64_t begin, int64_t end, int32_t* out) const override;
+
+ private:
+  const DatastoreValues& values_;
 };
 
 // INVALID_ARGUMENT unless `offsets` (of the dataset `offsets_name`) is non-empty, starts at 0,

@@ -111,25 +111,34 @@ absl::StatusOr<DatastoreValues> ValuesReader::ReadSentences(ValuesSide side, int
   ASSIGN_OR_RETURN(values.tokens, file_->ReadInt32(TokensName(side), all[begin], all[end]));
   values.offsets.assign(all.begin() + begin, all.begin() + end + 1);
   for (int64_t& o : values.offsets) o -= all[begin];
-  RETURN_IF_ERROR(CheckIds(side, begin, values));
+  RETURN_IF_ERROR(CheckIds(side, all[begin], values.tokens));
   return values;
 }
 
+absl::Status ValuesReader::ReadTokens(ValuesSide side, int64_t begin, int64_t end,
+                                      int32_t* out) const {
+  ASSIGN_OR_RETURN(const std::vector<int32_t> tokens,
+                   file_->ReadInt32(TokensName(side), begin, end));
+  RETURN_IF_ERROR(CheckIds(side, begin, tokens));
+  std::copy(tokens.begin(), tokens.end(), out);
+  return absl::OkStatus();
+}
+
 // Only the tokens just read are checked: a streamed pass validates each range as it reads it.
-absl::Status ValuesReader::CheckIds(ValuesSide side, int64_t begin,
-                                    const DatastoreValues& values) const {
+absl::Status ValuesReader::CheckIds(ValuesSide side, int64_t token_begin,
+                                    absl::Span<const int32_t> tokens) const {
   const int64_t vocab_size = tokenizer_.vocab_size;
-  const auto bad = std::find_if(values.tokens.begin(), values.tokens.end(),
+  const auto bad = std::find_if(tokens.begin(), tokens.end(),
                                 [&](int32_t id) { return id < 0 || id >= vocab_size; });
-  if (bad == values.tokens.end()) return absl::OkStatus();
-  const int64_t i = bad - values.tokens.begin();
+  if (bad == tokens.end()) return absl::OkStatus();
+  const int64_t i = token_begin + (bad - tokens.begin());
   // The sentence holding token i: the last one whose offset is <= i.
-  const int64_t s = std::upper_bound(values.offsets.begin(), values.offsets.end(), i) -
-                    values.offsets.begin() - 1;
+  const std::vector<int64_t>& all = offsets(side);
+  const int64_t s = std::upper_bound(all.begin(), all.end(), i) - all.begin() - 1;
   return absl::InvalidArgumentError(
-      absl::StrCat(path(), ": ", TokensName(side), " of sentence ", begin + s, " (corpus line ",
-                   order_[begin + s] + 1, ") holds token id ", *bad, " at position ",
-                   i - values.offsets[s], ", outside the vocabulary [0, ", vocab_size, ")"));
+      absl::StrCat(path(), ": ", TokensName(side), " of sentence ", s, " (corpus line ",
+                   order_[s] + 1, ") holds token id ", *bad, " at position ", i - all[s],
+                   ", outside the vocabulary [0, ", vocab_size, ")"));
 }
 
 absl::StatusOr<ValuesFile> ReadValuesFile(const std::string& path) {

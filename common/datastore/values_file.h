@@ -105,6 +105,9 @@ class ValuesReader {
   // the sentence when a token id is outside [0, vocab_size); OUT_OF_RANGE unless
   // 0 <= begin <= end <= num_sentences().
   absl::StatusOr<DatastoreValues> ReadSentences(ValuesSide side, int64_t begin, int64_t end) const;
+  // The tokens [begin, end) of `side` (any range, sentence boundaries or not) into out
+  // (end - begin int32s) with one HDF5 read; the same errors as ReadSentences, for token indices.
+  absl::Status ReadTokens(ValuesSide side, int64_t begin, int64_t end, int32_t* out) const;
   // All of `side` in memory (4 bytes per token): ReadSentences(side, 0, num_sentences()).
   absl::StatusOr<DatastoreValues> ReadAll(ValuesSide side) const {
     return ReadSentences(side, 0, num_sentences());
@@ -115,7 +118,8 @@ class ValuesReader {
                std::vector<int64_t> source_offsets, std::vector<int64_t> order);
   absl::Status ReadAttributes();
   absl::Status Validate() const;
-  absl::Status CheckIds(ValuesSide side, int64_t begin, const DatastoreValues& values) const;
+  absl::Status CheckIds(ValuesSide side, int64_t token_begin,
+                        absl::Span<const int32_t> tokens) const;
 
   const std::unique_ptr<Hdf5File> file_;
   const std::vector<int64_t> target_offsets_;
@@ -125,6 +129,24 @@ class ValuesReader {
   std::string corpus_sha256_;
   int64_t corpus_lines_ = 0;
   int64_t bad_lines_ = 0;
+};
+
+// The target side of an open values.h5 for an index build: offsets() is the reader's (already
+// in memory), Read is ReadTokens(kTarget, ...), token ids checked. Borrows `reader`, which must
+// outlive it; thread-compatible like the reader.
+class TargetValueSource : public ValueSource {
+ public:
+  explicit TargetValueSource(const ValuesReader& reader) : reader_(reader) {}
+  absl::Span<const int64_t> offsets() const override {
+    return reader_.offsets(ValuesSide::kTarget);
+  }
+  int64_t num_tokens() const override { return reader_.num_tokens(ValuesSide::kTarget); }
+  absl::Status Read(int64_t begin, int64_t end, int32_t* out) const override {
+    return reader_.ReadTokens(ValuesSide::kTarget, begin, end, out);
+  }
+
+ private:
+  const ValuesReader& reader_;
 };
 
 }  // namespace knnserve

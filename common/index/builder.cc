@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/files.h"
 #include "common/index/faiss_index.h"
 #include "common/index/shard_data.h"
 #include "common/status_macros.h"
@@ -19,7 +20,7 @@ struct ShardRange {
   int64_t id_begin, id_end, sentence_begin, sentence_end;
 };
 
-absl::Status CheckOptions(const KeySource& keys, const DatastoreValues* values,
+absl::Status CheckOptions(const KeySource& keys, const ValueSource* values,
                           const IndexBuildOptions& o) {
   if (o.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards = ", o.shards));
   if (o.threads < 1) return absl::InvalidArgumentError(absl::StrCat("threads = ", o.threads));
@@ -31,10 +32,11 @@ absl::Status CheckOptions(const KeySource& keys, const DatastoreValues* values,
         absl::StrCat(keys.rows(), " keys cannot fill ", o.shards, " shards"));
   }
   if (values != nullptr) {
-    RETURN_IF_ERROR(values->Validate());
-    if (static_cast<int64_t>(values->tokens.size()) != keys.rows()) {
+    RETURN_IF_ERROR(
+        ValidateOffsets(values->offsets(), values->num_tokens(), "/offsets", "/tokens"));
+    if (values->num_tokens() != keys.rows()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "values hold ", values->tokens.size(), " tokens but keys hold ", keys.rows(), " rows"));
+          "values hold ", values->num_tokens(), " tokens but keys hold ", keys.rows(), " rows"));
     }
     if (values->num_sentences() < o.shards) {
       return absl::InvalidArgumentError(
@@ -46,7 +48,7 @@ absl::Status CheckOptions(const KeySource& keys, const DatastoreValues* values,
 
 // Equal-sized id ranges; with values, each boundary moves to the nearest sentence boundary
 // (keeping every shard at least one sentence).
-std::vector<ShardRange> SplitShards(int64_t rows, int shards, const DatastoreValues* values) {
+std::vector<ShardRange> SplitShards(int64_t rows, int shards, const ValueSource* values) {
   std::vector<ShardRange> out(shards);
   if (values == nullptr) {
     for (int s = 0; s < shards; ++s) {
@@ -54,7 +56,7 @@ std::vector<ShardRange> SplitShards(int64_t rows, int shards, const DatastoreVal
     }
     return out;
   }
-  const std::vector<int64_t>& offsets = values->offsets;
+  const absl::Span<const int64_t> offsets = values->offsets();
   const int64_t sentences = values->num_sentences();
   std::vector<int64_t> cut(shards + 1);
   cut[0] = 0;
@@ -106,9 +108,24 @@ std::string ShardFile(int shard, absl::string_view ext) {
   return absl::StrFormat("shard-%05d.%s", shard, ext);
 }
 
+// The shard's values file, read and written chunk_rows tokens at a time: not even one shard's
+// tokens are held whole.
+absl::StatusOr<FileDigest> WriteShardValues(const ValueSource& values, const ShardRange& r,
+                                            int64_t chunk_rows, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path));
+  RETURN_IF_ERROR(out->Append(ValuesHeader(r.id_end - r.id_begin)));
+  std::vector<int32_t> chunk(std::min(chunk_rows, r.id_end - r.id_begin));
+  for (int64_t begin = r.id_begin; begin < r.id_end; begin += chunk_rows) {
+    const int64_t end = std::min(r.id_end, begin + chunk_rows);
+    RETURN_IF_ERROR(values.Read(begin, end, chunk.data()));
+    RETURN_IF_ERROR(out->Append(chunk.data(), (end - begin) * sizeof(int32_t)));
+  }
+  return out->Commit();
+}
+
 }  // namespace
 
-absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreValues* values,
+absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
                                          const std::string& out_dir) {
   RETURN_IF_ERROR(CheckOptions(keys, values, options));
@@ -169,15 +186,13 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const DatastoreV
     if (values != nullptr) {
       const std::string file = ShardFile(s, "values");
       ASSIGN_OR_RETURN(FileDigest digest,
-                       WriteFileAtomically(path(file), SerializeValues(absl::MakeConstSpan(
-                                                           values->tokens.data() + r.id_begin,
-                                                           r.id_end - r.id_begin))));
+                       WriteShardValues(*values, r, options.chunk_rows, path(file)));
       entry.values = ManifestFile{file, digest};
     }
     if (quantizer != nullptr) {
       codes.m = quantizer->codebook().m;
-      codes.offsets.assign(values->offsets.begin() + r.sentence_begin,
-                           values->offsets.begin() + r.sentence_end + 1);
+      codes.offsets.assign(values->offsets().begin() + r.sentence_begin,
+                           values->offsets().begin() + r.sentence_end + 1);
       for (int64_t& o : codes.offsets) o -= r.id_begin;
       const std::string file = ShardFile(s, "subset");
       ASSIGN_OR_RETURN(FileDigest digest,

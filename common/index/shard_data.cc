@@ -70,9 +70,14 @@ class Reader {
 
 }  // namespace
 
-std::string SerializeValues(absl::Span<const int32_t> values) {
+std::string ValuesHeader(int64_t count) {
   std::string out(kValuesMagic, kMagicSize);
-  Put<int64_t>(out, static_cast<int64_t>(values.size()));
+  Put<int64_t>(out, count);
+  return out;
+}
+
+std::string SerializeValues(absl::Span<const int32_t> values) {
+  std::string out = ValuesHeader(static_cast<int64_t>(values.size()));
   Put(out, values.data(), values.size());
   return out;
 }

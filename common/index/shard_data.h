@@ -19,6 +19,9 @@
 namespace knnserve {
 
 std::string SerializeValues(absl::Span<const int32_t> values);
+// The bytes before the values of a values file of `count` values: a file written in chunks is
+// ValuesHeader(count) followed by the count int32s, byte for byte SerializeValues.
+std::string ValuesHeader(int64_t count);
 // `source` names the file in errors.
 absl::StatusOr<std::vector<int32_t>> ParseValues(absl::Span<const uint8_t> bytes,
                                                  const std::string& source);

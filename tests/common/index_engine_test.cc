@@ -53,8 +53,9 @@ std::string Build(const std::string& name, const std::string& factory, int shard
                   bool with_values = true) {
   const std::string dir = FreshTempDir(name).string();
   MatrixKeySource keys(Data().keys.view());
+  const MemoryValueSource values(Data().values);
   absl::StatusOr<IndexManifest> m =
-      BuildIndex(keys, with_values ? &Data().values : nullptr, Options(factory, shards), dir);
+      BuildIndex(keys, with_values ? &values : nullptr, Options(factory, shards), dir);
   EXPECT_THAT(m, IsOk());
   return dir;
 }

@@ -15,6 +15,7 @@
 #include "common/datastore/values_builder.h"
 #include "common/datastore/values_file.h"
 #include "common/files.h"
+#include "common/index/builder.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -27,6 +28,7 @@ namespace {
 using ::knnserve::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 constexpr int kVocab = 50;
@@ -277,6 +279,56 @@ TEST_F(ValuesReaderTest, ATokenOutsideTheVocabularyIsRefusedNamingTheFileAndTheS
                                    ") holds token id 50 at position 1"))));
   EXPECT_THAT(reader->ReadSentences(ValuesSide::kSource, 5, 9), names_it);
   EXPECT_THAT(ReadValuesFile(path), names_it);
+  std::vector<int32_t> tokens(3);
+  const int64_t bad_token = bad.source.offsets[7] + 1;
+  EXPECT_THAT(reader->ReadTokens(ValuesSide::kSource, bad_token - 1, bad_token + 2, tokens.data()),
+              names_it);
+}
+
+TEST_F(ValuesReaderTest, TargetValueSourceReadsAnyTokenRangeAsInMemory) {
+  const ValuesFile whole = BuildRandom();
+  ASSERT_OK_AND_ASSIGN(const std::unique_ptr<ValuesReader> reader,
+                       ValuesReader::Open(Path("values.h5")));
+  const TargetValueSource source(*reader);
+  EXPECT_THAT(source.offsets(), ElementsAreArray(whole.target.offsets));
+  const int64_t n = static_cast<int64_t>(whole.target.tokens.size());
+  ASSERT_EQ(source.num_tokens(), n);
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int64_t> token(0, n);
+  for (int trial = 0; trial < 50; ++trial) {
+    int64_t begin = token(rng), end = token(rng);
+    if (begin > end) std::swap(begin, end);
+    std::vector<int32_t> got(end - begin);
+    ASSERT_OK(source.Read(begin, end, got.data()));
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), whole.target.tokens.begin() + begin))
+        << "[" << begin << ", " << end << ")";
+  }
+}
+
+// The index step streams values.h5: its index directory is the one built from the values in
+// memory, file for file (the manifest holds every file's SHA-256).
+TEST_F(ValuesReaderTest, AnIndexBuiltFromTheStreamedValuesEqualsOneBuiltFromMemory) {
+  const ValuesFile whole = BuildRandom();
+  ASSERT_OK_AND_ASSIGN(const std::unique_ptr<ValuesReader> reader,
+                       ValuesReader::Open(Path("values.h5")));
+  Matrix<float> keys(static_cast<int64_t>(whole.target.tokens.size()), 8);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < keys.size(); ++i) keys.data()[i] = normal(rng);
+  IndexBuildOptions options;
+  options.factory = "IVF4,PQ2";  // with subset codes
+  options.shards = 3;
+  options.chunk_rows = 50;  // chunks cross shard and sentence boundaries
+  options.progress.out = devnull_;
+  const MatrixKeySource key_source(keys.view());
+  const TargetValueSource streamed(*reader);
+  const MemoryValueSource memory(whole.target);
+  ASSERT_OK_AND_ASSIGN(const IndexManifest a,
+                       BuildIndex(key_source, &streamed, options, Path("streamed")));
+  ASSERT_OK_AND_ASSIGN(const IndexManifest b,
+                       BuildIndex(key_source, &memory, options, Path("memory")));
+  ASSERT_GT(a.subset_m, 0);
+  EXPECT_EQ(a.ToJson(), b.ToJson());
 }
 
 TEST_F(ValuesReaderTest, InconsistentOffsetsOrOrderAreRefusedAtOpenNamingTheFile) {

@@ -87,8 +87,9 @@ TestDatastore BuildTestDatastore(model::TransformerModel& model,
   options.factory = factory;
   options.shards = shards;
   options.progress.interactive = 0;
+  const MemoryValueSource value_source(values);
   absl::StatusOr<IndexManifest> manifest =
-      BuildIndex(MatrixKeySource(key_view), &values, options, dir + "/index");
+      BuildIndex(MatrixKeySource(key_view), &value_source, options, dir + "/index");
   KNNSERVE_CHECK(manifest.ok(), std::string(manifest.status().message()).c_str());
   options.factory = "Flat";
   options.shards = 1;

@@ -140,7 +140,8 @@ std::string BuildIndexDir(const std::string& name, const std::string& factory, i
   options.progress.out = nullptr;
   options.progress.interactive = 0;
   MatrixKeySource keys(Data().keys.view());
-  EXPECT_THAT(BuildIndex(keys, &Data().values, options, dir), IsOk());
+  const MemoryValueSource values(Data().values);
+  EXPECT_THAT(BuildIndex(keys, &values, options, dir), IsOk());
   return dir;
 }
 
