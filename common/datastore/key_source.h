@@ -47,7 +47,8 @@ struct DatastoreValues {
 
 // The target side of a datastore as an index build reads it: the sentence offsets in memory (8
 // bytes per sentence), the tokens read by token range, so that no caller needs them all at once.
-// Implementations: MemoryValueSource below, TargetValueSource (values_file.h) over values.h5.
+// Implementations: MemoryValueSource below; streaming, Hdf5ValueSource (hdf5_datastore.h, a plain
+// /tokens + /offsets file) and TargetValueSource (values_file.h, the pipeline's values.h5).
 // Thread-compatible, like KeySource: Read may read a file.
 class ValueSource {
  public:
@@ -59,7 +60,8 @@ class ValueSource {
   int64_t num_sentences() const { return static_cast<int64_t>(offsets().size()) - 1; }
   // How many tokens the source holds (offsets().back() when the offsets are valid).
   virtual int64_t num_tokens() const = 0;
-  // Reads tokens [begin, end) into out (end - begin int32s).
+  // Reads tokens [begin, end) into out (end - begin int32s); a file's read errors (or, for
+  // values.h5, an id outside the vocabulary) come back naming the file.
   // REQUIRES: 0 <= begin <= end <= num_tokens().
   virtual absl::Status Read(int64_t begin, int64_t end, int32_t* out) const = 0;
 };
