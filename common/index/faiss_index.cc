@@ -24,6 +24,7 @@
 #include "faiss/index_factory.h"
 #include "faiss/index_io.h"
 #include "faiss/invlists/InvertedLists.h"
+#include "faiss/utils/distances.h"
 
 namespace knnserve {
 namespace {
@@ -190,10 +191,25 @@ absl::StatusOr<std::unique_ptr<faiss::Index>> ReadFaiss(std::vector<uint8_t> byt
   return index;
 }
 
+// Debian's faiss is a generic x86-64 build: for fewer queries than
+// distance_compute_blas_threshold (20) its exact distances run a scalar loop (fvec_L2sqr_ref),
+// several times slower per query than BLAS. Subset kNN-MT's sentence search (one query per
+// source sentence of a batch) and IVF coarse quantizers at small batches sit below that, so BLAS
+// is used from one query on. A process-wide faiss setting, made once by the first index.
+void PreferBlasDistances() {
+  static const bool once = [] {
+    faiss::distance_compute_blas_threshold = 1;
+    return true;
+  }();
+  (void)once;
+}
+
 }  // namespace
 
 FaissIndex::FaissIndex(std::unique_ptr<faiss::Index> index, int threads)
-    : index_(std::move(index)), threads_(threads) {}
+    : index_(std::move(index)), threads_(threads) {
+  PreferBlasDistances();
+}
 
 FaissIndex::~FaissIndex() = default;
 

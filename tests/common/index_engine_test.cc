@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/index_test_util.h"
+#include "tests/testing/neighbors.h"
 #include "tests/testing/temp_dir.h"
 
 namespace knnserve {
@@ -111,17 +112,8 @@ TEST(IndexEngine, FlatEqualsBruteForceAndCarriesValues) {
   }
 }
 
-// Same ids in the same order, distances equal up to float rounding: faiss computes
-// exact L2 as |x|^2 + |y|^2 - 2<x,y> with BLAS, whose summation order depends on the
-// database size and thread count, so a shard's distances may differ in the last bits.
 void ExpectSameNeighbors(const EngineResult& a, const EngineResult& b) {
-  EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
-  ASSERT_EQ(a.neighbors.distances.size(), b.neighbors.distances.size());
-  for (size_t i = 0; i < a.neighbors.distances.size(); ++i) {
-    const float want = a.neighbors.distances[i];
-    EXPECT_NEAR(b.neighbors.distances[i], want, 1e-5f * std::max(1.0f, std::abs(want)))
-        << "result " << i;
-  }
+  testing::ExpectSameNeighborsUpToRounding(a.neighbors, b.neighbors);
 }
 
 TEST(IndexEngine, ShardedFlatEqualsUnshardedUpToRounding) {

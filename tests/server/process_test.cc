@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/test_cluster.h"
+#include "tests/testing/neighbors.h"
 #include "tests/testing/temp_dir.h"
 
 namespace knnserve::testing {
@@ -185,8 +186,7 @@ void ExpectEqualsEngine(const v1::SearchResponse& response, const SearchEngine& 
                         const SearchQuery& query) {
   ASSERT_OK_AND_ASSIGN(EngineResult expected, engine.Search(query));
   ASSERT_OK_AND_ASSIGN(Neighbors got, DecodeNeighbors(response));
-  EXPECT_EQ(got.ids, expected.neighbors.ids);
-  EXPECT_EQ(got.distances, expected.neighbors.distances);
+  testing::ExpectSameNeighborsUpToRounding(expected.neighbors, got);
   EXPECT_EQ(got.values, expected.neighbors.values);
 }
 
