@@ -48,4 +48,28 @@ void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes,
   }
 }
 
+void LutAvx512(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
+               float* lut) {
+  // Separate multiply and add (this file is compiled with -ffp-contract=off): the same
+  // operations per entry as LutScalar, so the tables are bit-identical.
+  for (int m = 0; m < m_count; ++m) {
+    float* row = lut + m * 256;
+    const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
+    for (int c = 0; c < 256; c += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int j = 0; j < dsub; ++j) {
+        const __m512 x = _mm512_set1_ps(query[m * dsub + j]);
+        const __m512 ct = _mm512_loadu_ps(ct_m + j * 256 + c);
+        if (l2) {
+          const __m512 diff = _mm512_sub_ps(x, ct);
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(diff, diff));
+        } else {
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(x, ct));
+        }
+      }
+      _mm512_storeu_ps(row + c, acc);
+    }
+  }
+}
+
 }  // namespace knnserve::adc_internal

@@ -66,6 +66,10 @@ AdcScanFn GetAdcScan(AdcKernel kernel) {
   return adc_internal::ScanScalar;
 }
 
+AdcLutFn BestAdcLut() {
+  return CpuSupports(AdcKernel::kAvx512) ? adc_internal::LutAvx512 : adc_internal::LutScalar;
+}
+
 QuantizedAdcKernels GetQuantizedKernels(AdcKernel kernel) {
   KNNSERVE_CHECK(IsQuantized(kernel) && CpuSupports(kernel), "not a quantized ADC kernel here");
   if (kernel == AdcKernel::kQuantizedVbmi) {
@@ -95,6 +99,27 @@ void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes,
       for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
       for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
       out[q * n + i] = acc[0] + acc[1];
+    }
+  }
+}
+
+void LutScalar(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
+               float* lut) {
+  for (int m = 0; m < m_count; ++m) {
+    float* row = lut + m * 256;
+    std::fill(row, row + 256, 0.0f);
+    // Loop order j-outer, centroid-inner: the inner loop is contiguous and vectorises.
+    for (int j = 0; j < dsub; ++j) {
+      const float x = query[m * dsub + j];
+      const float* ct = centroids_t + (static_cast<size_t>(m) * dsub + j) * 256;
+      if (l2) {
+        for (int c = 0; c < 256; ++c) {
+          const float diff = x - ct[c];
+          row[c] += diff * diff;
+        }
+      } else {
+        for (int c = 0; c < 256; ++c) row[c] += x * ct[c];
+      }
     }
   }
 }

@@ -47,6 +47,18 @@ using AdcScanFn = void (*)(const float* const* luts, int num_queries, const uint
 // The exact float scan of `kernel`; the quantized kernels re-rank with the scalar one.
 AdcScanFn GetAdcScan(AdcKernel kernel);
 
+// ---- Lookup tables ------------------------------------------------------------------------------
+// The m_count x 256 table of one query: lut[m * 256 + c] = Σ_j (query[m * dsub + j] − centroid)²
+// (l2) or Σ_j query[m * dsub + j] · centroid (inner product), j in increasing order, where the
+// centroid coordinate is centroids_t[(m * dsub + j) * 256 + c] (centroids transposed per
+// sub-quantizer). Every implementation does the same operations per entry, in the same order and
+// without fused multiply-adds, so all give bit-identical tables.
+using AdcLutFn = void (*)(const float* query, const float* centroids_t, int m_count, int dsub,
+                          bool l2, float* lut);
+// The fastest table builder this CPU supports (independent of the scan kernel, so that every
+// kernel of a process sees the same tables).
+AdcLutFn BestAdcLut();
+
 // ---- Quantized kernels -------------------------------------------------------------------------
 // Vectors per packed block: one AVX-512 register of codes of one sub-quantizer.
 inline constexpr int kAdcBlock = 64;
@@ -79,6 +91,10 @@ void ScanAvx2(const float* const* luts, int num_queries, const uint8_t* codes, i
               int m_count, float* out);
 void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
                 int m_count, float* out);
+void LutScalar(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
+               float* lut);
+void LutAvx512(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
+               float* lut);
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);
 void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block);
 void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,

@@ -283,6 +283,7 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
       scan_(GetAdcScan(options.kernel)),
       quantized_(IsQuantized(options.kernel) ? GetQuantizedKernels(options.kernel)
                                              : QuantizedAdcKernels{nullptr, nullptr}),
+      lut_(BestAdcLut()),
       centroids_t_(codebook_.centroids.size()) {
   const int dsub = codebook_.dsub;
   for (int m = 0; m < codebook_.m; ++m) {
@@ -296,24 +297,7 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
 }
 
 void SubsetAdc::ComputeLut(const float* query, float* lut) const {
-  const int dsub = codebook_.dsub;
-  for (int m = 0; m < codebook_.m; ++m) {
-    float* row = lut + m * kLutSize;
-    std::fill(row, row + kLutSize, 0.0f);
-    // Loop order j-outer, centroid-inner: the inner loop is contiguous and vectorises.
-    for (int j = 0; j < dsub; ++j) {
-      const float x = query[m * dsub + j];
-      const float* ct = centroids_t_.data() + (static_cast<size_t>(m) * dsub + j) * kLutSize;
-      if (metric_ == Metric::kL2) {
-        for (int c = 0; c < kLutSize; ++c) {
-          const float diff = x - ct[c];
-          row[c] += diff * diff;
-        }
-      } else {
-        for (int c = 0; c < kLutSize; ++c) row[c] += x * ct[c];
-      }
-    }
-  }
+  lut_(query, centroids_t_.data(), codebook_.m, codebook_.dsub, metric_ == Metric::kL2, lut);
 }
 
 absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> queries,

@@ -107,6 +107,7 @@ class SubsetAdc {
   const Options options_;
   const AdcScanFn scan_;
   const QuantizedAdcKernels quantized_;  // null functions unless IsQuantized(options_.kernel)
+  const AdcLutFn lut_;
   // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
   std::vector<float> centroids_t_;
 };

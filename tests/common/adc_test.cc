@@ -101,6 +101,27 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
   }
 }
 
+// The AVX-512 table builder gives the scalar one's tables bit for bit (both metrics, several
+// sub-vector sizes), so the choice of builder never changes a distance.
+TEST(AdcKernels, LutAvx512EqualsScalarBitForBit) {
+  if (!CpuSupports(AdcKernel::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> normal;
+  for (int dsub : {1, 2, 3, 8, 16}) {
+    constexpr int kM = 12;
+    std::vector<float> centroids_t(kM * dsub * 256), query(kM * dsub);
+    for (float& c : centroids_t) c = 3 * normal(rng);
+    for (float& x : query) x = 3 * normal(rng);
+    for (bool l2 : {true, false}) {
+      std::vector<float> want(kM * 256), got(kM * 256);
+      adc_internal::LutScalar(query.data(), centroids_t.data(), kM, dsub, l2, want.data());
+      adc_internal::LutAvx512(query.data(), centroids_t.data(), kM, dsub, l2, got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "dsub " << dsub << (l2 ? " l2" : " ip");
+    }
+  }
+}
+
 struct PqFixture {
   faiss::IndexPQ index;
   std::vector<float> base;
