@@ -16,8 +16,10 @@ absl::StatusOr<std::unique_ptr<ProvenancePrinter>> ProvenancePrinter::Create(
     const std::string& values_path) {
   std::vector<int64_t> offsets;
   if (!values_path.empty()) {
-    ASSIGN_OR_RETURN(DatastoreValues values, ReadValuesHdf5(values_path));
-    offsets = std::move(values.offsets);
+    // Only the sentence offsets are needed: the tokens stay on disk.
+    ASSIGN_OR_RETURN(const std::unique_ptr<Hdf5ValueSource> values,
+                     Hdf5ValueSource::Open(values_path));
+    offsets.assign(values->offsets().begin(), values->offsets().end());
   }
   return absl::WrapUnique(new ProvenancePrinter(std::move(offsets)));
 }
