@@ -231,7 +231,9 @@ std::vector<AdcKernel> BenchKernels() {
 
 std::unique_ptr<SubsetAdc> MakeSubsetAdc(const AdcSetup& s, AdcKernel kernel, int threads) {
   SubsetCodes codes = s.codes;  // copy: Create takes ownership
-  auto adc = SubsetAdc::Create(s.codebook, Metric::kL2, std::move(codes), {threads, kernel});
+  // No packed-subset cache: every timed call packs its subset, as the first step of a decoding
+  // session does (later steps of a session reuse the packed codes).
+  auto adc = SubsetAdc::Create(s.codebook, Metric::kL2, std::move(codes), {threads, kernel, 0});
   Check(adc.status());
   return *std::move(adc);
 }

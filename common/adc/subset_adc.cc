@@ -5,9 +5,16 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <iterator>
+#include <list>
+#include <memory>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -48,6 +55,10 @@ absl::Status CheckCodes(const PqCodebook& codebook, const SubsetCodes& codes) {
 }
 
 using Candidate = std::pair<float, int64_t>;  // distance, global token id
+
+struct alignas(64) PackedLine {
+  uint8_t bytes[kAdcBlock];
+};
 
 // Keeps the k candidates that rank first in a max-heap (the worst on top).
 void OfferBounded(Metric metric, int k, const Candidate& c, std::vector<Candidate>& heap) {
@@ -246,19 +257,66 @@ absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries, const S
 }
 
 struct SubsetAdc::Scratch {
-  struct alignas(64) Line {
-    uint8_t bytes[kAdcBlock];
-  };
   std::vector<float> luts;       // kMaxQueriesPerPass x m x 256
   std::vector<float> distances;  // kMaxQueriesPerPass x kBlock
   std::vector<std::vector<Candidate>> heaps;
   std::vector<std::pair<int64_t, int64_t>> ranges;  // local token ranges to scan
   // Quantized kernels only.
-  std::vector<uint8_t> tables;    // kMaxQueriesPerPass x m x 256
-  std::vector<int64_t> tokens;    // local token of each scan position
-  std::vector<Line> block;        // m lines: one packed block
-  std::vector<uint8_t> zero_row;  // m zero bytes: the codes of lanes past the end
+  std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
+};
+
+// A group's codes packed for the quantized scan, with the runs they came from (the cache key).
+struct SubsetAdc::PackedSubset {
+  Ranges ranges;
+  std::vector<int64_t> tokens;    // local token of each scan position
+  std::vector<PackedLine> lines;  // one block (m lines) per kAdcBlock positions
+
+  size_t bytes() const {
+    return lines.size() * sizeof(PackedLine) + tokens.size() * sizeof(int64_t) +
+           ranges.size() * sizeof(ranges[0]);
+  }
+};
+
+// Thread-safe LRU of packed subsets, bounded in bytes. Entries are immutable and shared: a
+// search keeps using the one it found even if it is evicted meanwhile.
+class SubsetAdc::PackedCache {
+ public:
+  explicit PackedCache(size_t capacity) : capacity_(capacity) {}
+
+  std::shared_ptr<const PackedSubset> Find(uint64_t key, const Ranges& ranges) {
+    absl::MutexLock lock(&mu_);
+    const auto it = index_.find(key);
+    // A hash collision must not hand out another subset's codes.
+    if (it == index_.end() || it->second->second->ranges != ranges) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+
+  void Insert(uint64_t key, std::shared_ptr<const PackedSubset> packed) {
+    if (packed->bytes() > capacity_) return;
+    absl::MutexLock lock(&mu_);
+    if (const auto it = index_.find(key); it != index_.end()) Erase(it->second);
+    used_ += packed->bytes();
+    lru_.emplace_front(key, std::move(packed));
+    index_[key] = lru_.begin();
+    while (used_ > capacity_) Erase(std::prev(lru_.end()));
+  }
+
+ private:
+  using Entry = std::pair<uint64_t, std::shared_ptr<const PackedSubset>>;
+
+  void Erase(std::list<Entry>::iterator entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    used_ -= entry->second->bytes();
+    index_.erase(entry->first);
+    lru_.erase(entry);
+  }
+
+  const size_t capacity_;
+  absl::Mutex mu_;
+  std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  absl::flat_hash_map<uint64_t, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
+  size_t used_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<SubsetAdc>> SubsetAdc::Create(PqCodebook codebook, Metric metric,
@@ -284,6 +342,9 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
       quantized_(IsQuantized(options.kernel) ? GetQuantizedKernels(options.kernel)
                                              : QuantizedAdcKernels{nullptr, nullptr}),
       lut_(BestAdcLut()),
+      cache_(options.packed_cache_bytes > 0 && IsQuantized(options.kernel)
+                 ? std::make_unique<PackedCache>(options.packed_cache_bytes)
+                 : nullptr),
       centroids_t_(codebook_.centroids.size()) {
   const int dsub = codebook_.dsub;
   for (int m = 0; m < codebook_.m; ++m) {
@@ -295,6 +356,8 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
     }
   }
 }
+
+SubsetAdc::~SubsetAdc() = default;
 
 void SubsetAdc::ComputeLut(const float* query, float* lut) const {
   lut_(query, centroids_t_.data(), codebook_.m, codebook_.dsub, metric_ == Metric::kL2, lut);
@@ -376,25 +439,44 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
   return scanned;
 }
 
+std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& ranges) const {
+  const uint64_t key = absl::Hash<Ranges>{}(ranges);
+  if (cache_ != nullptr) {
+    if (std::shared_ptr<const PackedSubset> hit = cache_->Find(key, ranges)) return hit;
+  }
+  auto packed = std::make_shared<PackedSubset>();
+  packed->ranges = ranges;
+  for (const auto& [begin, end] : ranges) {
+    for (int64_t t = begin; t < end; ++t) packed->tokens.push_back(t);
+  }
+  const int m = codebook_.m;
+  const int64_t n = static_cast<int64_t>(packed->tokens.size());
+  packed->lines.resize((n + kAdcBlock - 1) / kAdcBlock * m);
+  const std::vector<uint8_t> zero_row(m, 0);  // the codes of lanes past the end
+  const uint8_t* lane_rows[kAdcBlock];
+  for (int64_t b = 0; b < n; b += kAdcBlock) {
+    for (int i = 0; i < kAdcBlock; ++i) {
+      lane_rows[i] = b + i < n ? codes_.codes.data() + packed->tokens[b + i] * m : zero_row.data();
+    }
+    quantized_.pack(lane_rows, m, packed->lines[b / kAdcBlock * m].bytes);
+  }
+  if (cache_ != nullptr) cache_->Insert(key, packed);
+  return packed;
+}
+
 int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
                                         absl::Span<const int64_t> sentences,
                                         absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                         Neighbors& out) const {
   SubsetRanges(codes_, sentences, scratch.ranges);
-  scratch.tokens.clear();
-  for (const auto& [begin, end] : scratch.ranges) {
-    for (int64_t t = begin; t < end; ++t) scratch.tokens.push_back(t);
-  }
-  const int64_t n = static_cast<int64_t>(scratch.tokens.size());
+  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges);
+  const int64_t n = static_cast<int64_t>(packed->tokens.size());
   const int m = codebook_.m;
   const size_t lut_size = static_cast<size_t>(m) * kLutSize;
   scratch.luts.resize(kMaxQueriesPerPass * lut_size);
   scratch.tables.resize(kMaxQueriesPerPass * lut_size);
-  scratch.block.resize(m);
-  scratch.zero_row.assign(m, 0);
   scratch.filters.resize(kMaxQueriesPerPass);
   scratch.heaps.resize(kMaxQueriesPerPass);
-  uint8_t* block = scratch.block.data()->bytes;
   const uint8_t* codes = codes_.codes.data();
 
   for (size_t first = 0; first < rows.size(); first += kMaxQueriesPerPass) {
@@ -409,16 +491,12 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
     }
     // Stage 1: the integer sums of every position, block by block; the filters keep the
     // positions that may be among the k nearest.
-    const uint8_t* lane_rows[kAdcBlock];
     uint16_t limits[kMaxQueriesPerPass];
     uint16_t sums[kMaxQueriesPerPass * kAdcBlock];
     uint64_t below[kMaxQueriesPerPass];
     for (int64_t b = 0; b < n; b += kAdcBlock) {
       const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
-      for (int i = 0; i < kAdcBlock; ++i) {
-        lane_rows[i] = i < lanes ? codes + scratch.tokens[b + i] * m : scratch.zero_row.data();
-      }
-      quantized_.pack(lane_rows, m, block);
+      const uint8_t* block = packed->lines[b / kAdcBlock * m].bytes;
       for (int q = 0; q < nq; ++q) limits[q] = scratch.filters[q].limit();
       quantized_.scan(tables, nq, block, m, limits, sums, below);
       const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
@@ -432,7 +510,7 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
       std::vector<Candidate>& heap = scratch.heaps[q];
       heap.clear();
       for (const auto& [sum, position] : scratch.filters[q].Survivors()) {
-        const int64_t token = scratch.tokens[position];
+        const int64_t token = packed->tokens[position];
         float distance;
         adc_internal::ScanScalar(&lut, 1, codes + token * m, 1, m, &distance);
         OfferBounded(metric_, k, {distance, codes_.token_begin + token}, heap);

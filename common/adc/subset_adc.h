@@ -63,11 +63,15 @@ class SubsetAdc {
   struct Options {
     int threads = 1;                     // OpenMP threads across subset groups
     AdcKernel kernel = BestAdcKernel();  // must be supported by this CPU
+    // Quantized kernels: bytes of packed subsets kept between calls, least recently used out
+    // (a subset kNN-MT session searches the same sentences at every step); 0 keeps none.
+    size_t packed_cache_bytes = size_t{256} << 20;
   };
 
   // Checks that the codes match the codebook and the offsets are consistent.
   static absl::StatusOr<std::unique_ptr<SubsetAdc>> Create(PqCodebook codebook, Metric metric,
                                                            SubsetCodes codes, Options options);
+  ~SubsetAdc();
 
   // queries: rows x codebook().dim(), already passed through the quantizer's transform.
   // Row r may match the tokens of the sentences groups[row_group[r]] (global sentence ids,
@@ -92,6 +96,12 @@ class SubsetAdc {
 
   class CandidateFilter;
   struct Scratch;
+  struct PackedSubset;
+  class PackedCache;
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  // The codes of `ranges` (local token runs) packed for the quantized scan: from the cache, or
+  // packed now (and cached).
+  std::shared_ptr<const PackedSubset> Packed(const Ranges& ranges) const;
   // Searches the rows of one group into `out`; returns the number of codes scanned. The exact
   // float scan, and the quantized two-stage scan (for IsQuantized kernels).
   int64_t SearchGroup(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
@@ -108,6 +118,7 @@ class SubsetAdc {
   const AdcScanFn scan_;
   const QuantizedAdcKernels quantized_;  // null functions unless IsQuantized(options_.kernel)
   const AdcLutFn lut_;
+  const std::unique_ptr<PackedCache> cache_;  // null when options_.packed_cache_bytes == 0
   // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
   std::vector<float> centroids_t_;
 };

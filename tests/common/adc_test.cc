@@ -338,6 +338,41 @@ TEST(SubsetAdc, QuantizedKernelsEqualTheExactScan) {
   }
 }
 
+// Packed subsets kept between calls change no answer: repeated and interleaved groups, with a
+// cache large enough for all of them, one so small that every insertion evicts the previous
+// entry, and none, all equal the exact scan call after call.
+TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
+  PqFixture f;
+  constexpr int64_t kN = 3000;
+  MakePq(Metric::kL2, f, kN, 6);
+  std::vector<int64_t> offsets;
+  for (int64_t o = 0; o <= kN; o += 15) offsets.push_back(o);
+  auto exact = AdcFor(f.index, Metric::kL2, offsets, AdcKernel::kScalar);
+  PqCodebook codebook{8, 4, f.index.pq.centroids};
+  std::vector<std::unique_ptr<SubsetAdc>> cached;
+  for (size_t bytes : {size_t{256} << 20, size_t{4096}, size_t{0}}) {
+    SubsetCodes codes{8, 0, 0, offsets, f.index.codes};
+    ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, std::move(codes),
+                                                     {1, AdcKernel::kQuantizedScalar, bytes}));
+    cached.push_back(std::move(adc));
+  }
+  const std::vector<SubsetGroups> calls = {
+      {{1, 5, 9}, {40, 41, 42, 43}}, {{1, 5, 9}, {40, 41, 42, 43}}, {{2, 5, 9}, {1, 5, 9}},
+      {{40, 41, 42, 43}, {7}},       {{1, 5, 9}, {199, 0}},         {{2, 5, 9}, {40, 41, 42, 43}}};
+  const std::vector<int32_t> row_group = {0, 1, 0, 1, 1, 0};
+  for (size_t c = 0; c < calls.size(); ++c) {
+    ASSERT_OK_AND_ASSIGN(SubsetResult want,
+                         exact->SearchSubset({f.queries.data(), 6, 32}, calls[c], row_group, 9));
+    for (const auto& adc : cached) {
+      ASSERT_OK_AND_ASSIGN(SubsetResult got,
+                           adc->SearchSubset({f.queries.data(), 6, 32}, calls[c], row_group, 9));
+      EXPECT_EQ(got.neighbors.ids, want.neighbors.ids) << "call " << c;
+      EXPECT_EQ(got.neighbors.distances, want.neighbors.distances) << "call " << c;
+      EXPECT_EQ(got.vectors_scanned, want.vectors_scanned) << "call " << c;
+    }
+  }
+}
+
 TEST(SubsetAdc, RejectsInconsistentInput) {
   PqCodebook codebook{2, 2, std::vector<float>(2 * 256 * 2)};
   EXPECT_THAT(SubsetAdc::Create(codebook, Metric::kL2, {2, 0, 0, {0, 3}, {1, 2}}, {}),
