@@ -222,9 +222,7 @@ void FaissSubsetScan(const AdcSetup& s, const float* query, const std::vector<in
 
 // The fastest exact kernel and, where this CPU has a faster one, the fastest overall.
 std::vector<AdcKernel> BenchKernels() {
-  const AdcKernel exact = CpuSupports(AdcKernel::kAvx512) ? AdcKernel::kAvx512
-                          : CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kAvx2
-                                                          : AdcKernel::kScalar;
+  const AdcKernel exact = BestExactAdcKernel();
   if (BestAdcKernel() == exact) return {exact};
   return {exact, BestAdcKernel()};
 }

@@ -30,8 +30,14 @@ struct Permutations {
   // Merging two registers of V rows (index log2(V)): the lower and upper half of the columns.
   alignas(64) uint8_t merge_lo[kStages][64];
   alignas(64) uint8_t merge_hi[kStages][64];
+  // The scan's output words 0..31 and 32..63: word p is vector p, from the even (p even) or odd
+  // accumulator's word p / 2.
+  alignas(64) uint16_t interleave[2][32];
 
   Permutations() {
+    for (int half = 0; half < 2; ++half) {
+      for (int p = 0; p < 32; ++p) interleave[half][p] = (p & 1 ? 32 : 0) + 16 * half + p / 2;
+    }
     for (int w = 8, x = 0; w <= 32; w *= 2, ++x) {
       const int v_count = kAdcBlock / w;
       for (int m = 0; m < w; ++m) {
@@ -180,14 +186,9 @@ void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block) {
 void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
                        int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below) {
   const __m512i low_bytes = _mm512_set1_epi16(0x00FF);
-  // Word p of the output: vector p, from the even (p even) or odd accumulator's word p / 2.
-  alignas(64) uint16_t first_half[32], second_half[32];
-  for (int p = 0; p < 32; ++p) {
-    first_half[p] = (p & 1 ? 32 : 0) + p / 2;
-    second_half[p] = (p & 1 ? 32 : 0) + 16 + p / 2;
-  }
-  const __m512i interleave_first = _mm512_load_si512(first_half);
-  const __m512i interleave_second = _mm512_load_si512(second_half);
+  const Permutations& perms = Perms();
+  const __m512i interleave_first = _mm512_load_si512(perms.interleave[0]);
+  const __m512i interleave_second = _mm512_load_si512(perms.interleave[1]);
   for (int q = 0; q < num_queries; ++q) {
     __m512i even = _mm512_setzero_si512();
     __m512i odd = _mm512_setzero_si512();

@@ -43,11 +43,15 @@ bool IsQuantized(AdcKernel kernel) {
   return kernel == AdcKernel::kQuantizedScalar || kernel == AdcKernel::kQuantizedVbmi;
 }
 
+AdcKernel BestExactAdcKernel() {
+  return CpuSupports(AdcKernel::kAvx512) ? AdcKernel::kAvx512
+         : CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kAvx2
+                                         : AdcKernel::kScalar;
+}
+
 AdcKernel BestAdcKernel() {
-  static const AdcKernel best = CpuSupports(AdcKernel::kQuantizedVbmi) ? AdcKernel::kQuantizedVbmi
-                                : CpuSupports(AdcKernel::kAvx512)      ? AdcKernel::kAvx512
-                                : CpuSupports(AdcKernel::kAvx2)        ? AdcKernel::kAvx2
-                                                                       : AdcKernel::kScalar;
+  static const AdcKernel best =
+      CpuSupports(AdcKernel::kQuantizedVbmi) ? AdcKernel::kQuantizedVbmi : BestExactAdcKernel();
   return best;
 }
 

@@ -31,6 +31,8 @@ absl::string_view AdcKernelName(AdcKernel kernel);
 bool CpuSupports(AdcKernel kernel);
 // The fastest kernel this CPU supports.
 AdcKernel BestAdcKernel();
+// The fastest of the exact float kernels (kScalar, kAvx2, kAvx512) this CPU supports.
+AdcKernel BestExactAdcKernel();
 // True for the two-stage kernels (quantized scan + exact re-rank).
 bool IsQuantized(AdcKernel kernel);
 

@@ -267,34 +267,42 @@ struct SubsetAdc::Scratch {
 };
 
 // A group's codes packed for the quantized scan, with the runs they came from (the cache key).
+// Scan position p is the (p - starts[r])-th token of run r, for the run whose start precedes it.
 struct SubsetAdc::PackedSubset {
   Ranges ranges;
-  std::vector<int64_t> tokens;    // local token of each scan position
+  std::vector<int64_t> starts;    // ranges.size() + 1 scan positions; starts.back() = size()
   std::vector<PackedLine> lines;  // one block (m lines) per kAdcBlock positions
 
+  int64_t size() const { return starts.back(); }
+  // The local token at scan position p. REQUIRES: 0 <= p < size().
+  int64_t Token(int64_t p) const {
+    const size_t r = std::upper_bound(starts.begin(), starts.end(), p) - starts.begin() - 1;
+    return ranges[r].first + (p - starts[r]);
+  }
   size_t bytes() const {
-    return lines.size() * sizeof(PackedLine) + tokens.size() * sizeof(int64_t) +
+    return lines.size() * sizeof(PackedLine) + starts.size() * sizeof(int64_t) +
            ranges.size() * sizeof(ranges[0]);
   }
 };
 
-// Thread-safe LRU of packed subsets, bounded in bytes. Entries are immutable and shared: a
-// search keeps using the one it found even if it is evicted meanwhile.
+// Thread-safe LRU of packed subsets, bounded in bytes, keyed by their runs. Entries are immutable
+// and shared: a search keeps using the one it found even if it is evicted meanwhile.
 class SubsetAdc::PackedCache {
  public:
   explicit PackedCache(size_t capacity) : capacity_(capacity) {}
 
-  std::shared_ptr<const PackedSubset> Find(uint64_t key, const Ranges& ranges) {
+  std::shared_ptr<const PackedSubset> Find(const Ranges& ranges) {
     absl::MutexLock lock(&mu_);
-    const auto it = index_.find(key);
+    const auto it = index_.find(Key(ranges));
     // A hash collision must not hand out another subset's codes.
     if (it == index_.end() || it->second->second->ranges != ranges) return nullptr;
     lru_.splice(lru_.begin(), lru_, it->second);
     return it->second->second;
   }
 
-  void Insert(uint64_t key, std::shared_ptr<const PackedSubset> packed) {
+  void Insert(std::shared_ptr<const PackedSubset> packed) {
     if (packed->bytes() > capacity_) return;
+    const uint64_t key = Key(packed->ranges);
     absl::MutexLock lock(&mu_);
     if (const auto it = index_.find(key); it != index_.end()) Erase(it->second);
     used_ += packed->bytes();
@@ -305,6 +313,8 @@ class SubsetAdc::PackedCache {
 
  private:
   using Entry = std::pair<uint64_t, std::shared_ptr<const PackedSubset>>;
+
+  static uint64_t Key(const Ranges& ranges) { return absl::Hash<Ranges>{}(ranges); }
 
   void Erase(std::list<Entry>::iterator entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     used_ -= entry->second->bytes();
@@ -440,27 +450,34 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
 }
 
 std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& ranges) const {
-  const uint64_t key = absl::Hash<Ranges>{}(ranges);
   if (cache_ != nullptr) {
-    if (std::shared_ptr<const PackedSubset> hit = cache_->Find(key, ranges)) return hit;
+    if (std::shared_ptr<const PackedSubset> hit = cache_->Find(ranges)) return hit;
   }
   auto packed = std::make_shared<PackedSubset>();
   packed->ranges = ranges;
-  for (const auto& [begin, end] : ranges) {
-    for (int64_t t = begin; t < end; ++t) packed->tokens.push_back(t);
-  }
+  packed->starts = {0};
+  for (const auto& [begin, end] : ranges) packed->starts.push_back(packed->size() + end - begin);
   const int m = codebook_.m;
-  const int64_t n = static_cast<int64_t>(packed->tokens.size());
-  packed->lines.resize((n + kAdcBlock - 1) / kAdcBlock * m);
-  const std::vector<uint8_t> zero_row(m, 0);  // the codes of lanes past the end
+  packed->lines.resize((packed->size() + kAdcBlock - 1) / kAdcBlock * m);
+  // The runs' codes, kAdcBlock lanes per block; lanes past the end read zero codes.
+  const std::vector<uint8_t> zero_row(m, 0);
   const uint8_t* lane_rows[kAdcBlock];
-  for (int64_t b = 0; b < n; b += kAdcBlock) {
-    for (int i = 0; i < kAdcBlock; ++i) {
-      lane_rows[i] = b + i < n ? codes_.codes.data() + packed->tokens[b + i] * m : zero_row.data();
+  int lane = 0;
+  PackedLine* block = packed->lines.data();
+  auto pack_block = [&] {
+    std::fill(lane_rows + lane, lane_rows + kAdcBlock, zero_row.data());
+    quantized_.pack(lane_rows, m, block->bytes);
+    block += m;
+    lane = 0;
+  };
+  for (const auto& [begin, end] : ranges) {
+    for (int64_t t = begin; t < end; ++t) {
+      lane_rows[lane++] = codes_.codes.data() + t * m;
+      if (lane == kAdcBlock) pack_block();
     }
-    quantized_.pack(lane_rows, m, packed->lines[b / kAdcBlock * m].bytes);
   }
-  if (cache_ != nullptr) cache_->Insert(key, packed);
+  if (lane > 0) pack_block();
+  if (cache_ != nullptr) cache_->Insert(packed);
   return packed;
 }
 
@@ -470,7 +487,7 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
                                         Neighbors& out) const {
   SubsetRanges(codes_, sentences, scratch.ranges);
   const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges);
-  const int64_t n = static_cast<int64_t>(packed->tokens.size());
+  const int64_t n = packed->size();
   const int m = codebook_.m;
   const size_t lut_size = static_cast<size_t>(m) * kLutSize;
   scratch.luts.resize(kMaxQueriesPerPass * lut_size);
@@ -510,7 +527,7 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
       std::vector<Candidate>& heap = scratch.heaps[q];
       heap.clear();
       for (const auto& [sum, position] : scratch.filters[q].Survivors()) {
-        const int64_t token = packed->tokens[position];
+        const int64_t token = packed->Token(position);
         float distance;
         adc_internal::ScanScalar(&lut, 1, codes + token * m, 1, m, &distance);
         OfferBounded(metric_, k, {distance, codes_.token_begin + token}, heap);
