@@ -51,23 +51,86 @@ void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes,
 void LutAvx512(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
                float* lut) {
   // Separate multiply and add (this file is compiled with -ffp-contract=off): the same
-  // operations per entry as LutScalar, so the tables are bit-identical.
+  // operations per entry as LutScalar, so the tables are bit-identical. Eight independent
+  // 16-entry accumulators per step: one chain would wait on each add's latency.
+  constexpr int kChains = 8;
   for (int m = 0; m < m_count; ++m) {
     float* row = lut + m * 256;
     const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
-    for (int c = 0; c < 256; c += 16) {
-      __m512 acc = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < 256; c0 += 16 * kChains) {
+      __m512 acc[kChains];
+      for (int a = 0; a < kChains; ++a) acc[a] = _mm512_setzero_ps();
       for (int j = 0; j < dsub; ++j) {
         const __m512 x = _mm512_set1_ps(query[m * dsub + j]);
-        const __m512 ct = _mm512_loadu_ps(ct_m + j * 256 + c);
-        if (l2) {
-          const __m512 diff = _mm512_sub_ps(x, ct);
-          acc = _mm512_add_ps(acc, _mm512_mul_ps(diff, diff));
-        } else {
-          acc = _mm512_add_ps(acc, _mm512_mul_ps(x, ct));
+        for (int a = 0; a < kChains; ++a) {
+          const __m512 ct = _mm512_loadu_ps(ct_m + j * 256 + c0 + 16 * a);
+          if (l2) {
+            const __m512 diff = _mm512_sub_ps(x, ct);
+            acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(diff, diff));
+          } else {
+            acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(x, ct));
+          }
         }
       }
-      _mm512_storeu_ps(row + c, acc);
+      for (int a = 0; a < kChains; ++a) _mm512_storeu_ps(row + c0 + 16 * a, acc[a]);
+    }
+  }
+}
+
+void RowRangesAvx512(const float* lut, int m_count, float* lo, float* hi) {
+  for (int m = 0; m < m_count; ++m) {
+    const float* row = lut + m * 256;
+    __m512 mn = _mm512_loadu_ps(row);
+    __m512 mx = mn;
+    for (int c = 16; c < 256; c += 16) {
+      const __m512 x = _mm512_loadu_ps(row + c);
+      mn = _mm512_min_ps(mn, x);
+      mx = _mm512_max_ps(mx, x);
+    }
+    lo[m] = _mm512_reduce_min_ps(mn);
+    hi[m] = _mm512_reduce_max_ps(mx);
+  }
+}
+
+void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins,
+                        float inverse, uint8_t* table) {
+  // The same operations, in the same order, as QuantizeRowsScalar: bit-identical bytes.
+  const __m512 s = _mm512_set1_ps(sign);
+  const __m512 inv = _mm512_set1_ps(inverse);
+  const __m512 top = _mm512_set1_ps(255.0f);
+  for (int m = 0; m < m_count; ++m) {
+    const __m512 mn = _mm512_set1_ps(mins[m]);
+    for (int c = 0; c < 256; c += 16) {
+      const __m512 x = _mm512_loadu_ps(lut + m * 256 + c);
+      const __m512 v = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s, x), mn), inv), top);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(table + m * 256 + c),
+                       _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+    }
+  }
+}
+
+void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
+                        const float* norms, int m_count, int dsub, float* const* luts) {
+  // Explicit fused multiply-adds (std::fma in the scalar twin): identical tables. Per
+  // sub-quantizer the centroids (dsub x 256 floats) stay in L1 while every residual uses them,
+  // and eight independent accumulators hide the multiply-adds' latency.
+  constexpr int kChains = 8;
+  for (int m = 0; m < m_count; ++m) {
+    const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
+    for (int i = 0; i < num; ++i) {
+      const float* x_m = xs[i] + m * dsub;
+      float* row = luts[i] + m * 256;
+      for (int c0 = 0; c0 < 256; c0 += 16 * kChains) {
+        __m512 acc[kChains];
+        for (int a = 0; a < kChains; ++a) acc[a] = _mm512_loadu_ps(norms + m * 256 + c0 + 16 * a);
+        for (int j = 0; j < dsub; ++j) {
+          const __m512 w = _mm512_set1_ps(-2.0f * x_m[j]);
+          for (int a = 0; a < kChains; ++a) {
+            acc[a] = _mm512_fmadd_ps(w, _mm512_loadu_ps(ct_m + j * 256 + c0 + 16 * a), acc[a]);
+          }
+        }
+        for (int a = 0; a < kChains; ++a) _mm512_storeu_ps(row + c0 + 16 * a, acc[a]);
+      }
     }
   }
 }

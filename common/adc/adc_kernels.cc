@@ -2,6 +2,7 @@
 #include "common/adc/adc_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/check.h"
 
@@ -82,6 +83,16 @@ QuantizedAdcKernels GetQuantizedKernels(AdcKernel kernel) {
   return {adc_internal::PackScalar, adc_internal::ScanQuantizedScalar};
 }
 
+const AdcTableKernels& BestAdcTableKernels() {
+  static const AdcTableKernels kernels =
+      CpuSupports(AdcKernel::kAvx512)
+          ? AdcTableKernels{adc_internal::RowRangesAvx512, adc_internal::QuantizeRowsAvx512,
+                            adc_internal::ResidualLutsAvx512}
+          : AdcTableKernels{adc_internal::RowRangesScalar, adc_internal::QuantizeRowsScalar,
+                            adc_internal::ResidualLutsScalar};
+  return kernels;
+}
+
 namespace adc_internal {
 
 void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
@@ -123,6 +134,51 @@ void LutScalar(const float* query, const float* centroids_t, int m_count, int ds
         }
       } else {
         for (int c = 0; c < 256; ++c) row[c] += x * ct[c];
+      }
+    }
+  }
+}
+
+void RowRangesScalar(const float* lut, int m_count, float* lo, float* hi) {
+  // Sixteen running lanes: the compiler vectorises element-wise minima but not a float min
+  // reduction (NaN and -0 rules).
+  constexpr int kLanes = 16;
+  for (int m = 0; m < m_count; ++m) {
+    const float* row = lut + m * 256;
+    float l[kLanes], h[kLanes];
+    std::copy(row, row + kLanes, l);
+    std::copy(row, row + kLanes, h);
+    for (int c = kLanes; c < 256; c += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        l[j] = std::min(l[j], row[c + j]);
+        h[j] = std::max(h[j], row[c + j]);
+      }
+    }
+    lo[m] = *std::min_element(l, l + kLanes);
+    hi[m] = *std::max_element(h, h + kLanes);
+  }
+}
+
+void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins,
+                        float inverse, uint8_t* table) {
+  for (int m = 0; m < m_count; ++m) {
+    for (int c = 0; c < 256; ++c) {
+      const float v = (sign * lut[m * 256 + c] - mins[m]) * inverse;
+      table[m * 256 + c] = static_cast<uint8_t>(std::min(255.0f, v));
+    }
+  }
+}
+
+void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
+                        const float* norms, int m_count, int dsub, float* const* luts) {
+  for (int i = 0; i < num; ++i) {
+    for (int m = 0; m < m_count; ++m) {
+      float* row = luts[i] + m * 256;
+      std::copy(norms + m * 256, norms + (m + 1) * 256, row);
+      for (int j = 0; j < dsub; ++j) {
+        const float w = -2.0f * xs[i][m * dsub + j];
+        const float* ct = centroids_t + (static_cast<size_t>(m) * dsub + j) * 256;
+        for (int c = 0; c < 256; ++c) row[c] = std::fma(w, ct[c], row[c]);
       }
     }
   }

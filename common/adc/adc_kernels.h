@@ -86,6 +86,28 @@ struct QuantizedAdcKernels {
 // REQUIRES: IsQuantized(kernel) && CpuSupports(kernel).
 QuantizedAdcKernels GetQuantizedKernels(AdcKernel kernel);
 
+// Table preparation for the quantized scans, on m_count x 256 float tables. Every
+// implementation does the same float operations per entry, so all give identical results.
+struct AdcTableKernels {
+  // lo[m], hi[m]: the smallest and largest entry of row m.
+  void (*row_ranges)(const float* lut, int m_count, float* lo, float* hi);
+  // table[m * 256 + c] = truncate(min(255, (sign * lut[m * 256 + c] − mins[m]) * inverse)).
+  // REQUIRES: sign * lut[m * 256 + c] >= mins[m].
+  void (*quantize_rows)(const float* lut, int m_count, float sign, const float* mins,
+                        float inverse, uint8_t* table);
+  // The L2 tables of IVF residuals less their norms, ||x_m − r||² − ||x_m||², for x = xs[i],
+  // i < num, into luts[i]:
+  //   luts[i][m * 256 + c] = fma(−2 x[m * dsub + dsub − 1], ct(dsub − 1), … fma(−2 x[m * dsub],
+  //                              ct(0), norms[m * 256 + c]))
+  // with ct(j) = centroids_t[(m * dsub + j) * 256 + c] and norms the centroids' squared norms
+  // (fused multiply-adds in increasing j: the same in every implementation). Several residuals
+  // per call so that each centroid is read from memory once for all of them.
+  void (*residual_luts)(const float* const* xs, int num, const float* centroids_t,
+                        const float* norms, int m_count, int dsub, float* const* luts);
+};
+// The fastest table kernels this CPU supports.
+const AdcTableKernels& BestAdcTableKernels();
+
 namespace adc_internal {
 void ScanScalar(const float* const* luts, int num_queries, const uint8_t* codes, int64_t n,
                 int m_count, float* out);
@@ -97,6 +119,16 @@ void LutScalar(const float* query, const float* centroids_t, int m_count, int ds
                float* lut);
 void LutAvx512(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
                float* lut);
+void RowRangesScalar(const float* lut, int m_count, float* lo, float* hi);
+void RowRangesAvx512(const float* lut, int m_count, float* lo, float* hi);
+void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins,
+                        float inverse, uint8_t* table);
+void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins,
+                        float inverse, uint8_t* table);
+void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
+                        const float* norms, int m_count, int dsub, float* const* luts);
+void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
+                        const float* norms, int m_count, int dsub, float* const* luts);
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);
 void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block);
 void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,

@@ -15,10 +15,18 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/adc/two_stage.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
 namespace {
+
+using adc_internal::Candidate;
+using adc_internal::CandidateFilter;
+using adc_internal::OfferBounded;
+using adc_internal::PackedLine;
+using adc_internal::QuantizeLut;
+using adc_internal::WriteNearestFirst;
 
 constexpr int kLutSize = PqCodebook::kCentroids;
 // Queries scanned together: their LUTs (m x 256 floats each, 64 KiB at m = 64) stay in L2.
@@ -54,160 +62,7 @@ absl::Status CheckCodes(const PqCodebook& codebook, const SubsetCodes& codes) {
   return absl::OkStatus();
 }
 
-using Candidate = std::pair<float, int64_t>;  // distance, global token id
-
-struct alignas(64) PackedLine {
-  uint8_t bytes[kAdcBlock];
-};
-
-// Keeps the k candidates that rank first in a max-heap (the worst on top).
-void OfferBounded(Metric metric, int k, const Candidate& c, std::vector<Candidate>& heap) {
-  auto ranks_before = [metric](const Candidate& a, const Candidate& b) {
-    return RanksBefore(metric, a.first, a.second, b.first, b.second);
-  };
-  if (static_cast<int>(heap.size()) < k) {
-    heap.push_back(c);
-    std::push_heap(heap.begin(), heap.end(), ranks_before);
-  } else if (ranks_before(c, heap.front())) {
-    std::pop_heap(heap.begin(), heap.end(), ranks_before);
-    heap.back() = c;
-    std::push_heap(heap.begin(), heap.end(), ranks_before);
-  }
-}
-
-// Writes an OfferBounded heap nearest first into row `row` of out (consumes the heap).
-void WriteNearestFirst(Metric metric, std::vector<Candidate>& heap, int64_t row, int k,
-                       Neighbors& out) {
-  std::sort_heap(heap.begin(), heap.end(), [metric](const Candidate& a, const Candidate& b) {
-    return RanksBefore(metric, a.first, a.second, b.first, b.second);
-  });
-  for (size_t j = 0; j < heap.size(); ++j) {
-    out.distances[row * k + j] = heap[j].first;
-    out.ids[row * k + j] = heap[j].second;
-  }
-}
-
-// The smallest and largest of the 256 entries of a table row. Sixteen running lanes, because
-// the compiler vectorises element-wise minima but not a float min reduction (NaN and -0 rules).
-std::pair<float, float> RowRange(const float* row) {
-  constexpr int kLanes = 16;
-  float lo[kLanes], hi[kLanes];
-  std::copy(row, row + kLanes, lo);
-  std::copy(row, row + kLanes, hi);
-  for (int c = kLanes; c < kLutSize; c += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      lo[j] = std::min(lo[j], row[c + j]);
-      hi[j] = std::max(hi[j], row[c + j]);
-    }
-  }
-  return {*std::min_element(lo, lo + kLanes), *std::max_element(hi, hi + kLanes)};
-}
-
-// Quantizes one query's float table to one byte per entry: per sub-quantizer m,
-//   table[m][c] = floor((cost[m][c] - min_m) / step),  cost = lut (L2) or -lut (inner product,
-// where larger is nearer), step = (widest row range) / 255, so entries fit a byte and sums of
-// up to kMaxAdcM entries fit 16 bits. With Q the integer sum of a vector's entries, its exact
-// cost lies in [Σ min_m + step * Q, Σ min_m + step * (Q + m)). Hence a vector can only be among
-// the k nearest if Q <= (k-th smallest Q) + m; the returned margin is m plus a slack (in steps)
-// for float rounding, both in computing the entries and in the exact re-rank's own sums.
-// A degenerate table (all entries equal, or not finite) gets a margin that keeps every vector.
-int QuantizeLut(const float* lut, int m_count, Metric metric, uint8_t* table) {
-  constexpr int kKeepAll = 65535;
-  const float sign = metric == Metric::kL2 ? 1.0f : -1.0f;
-  float mins[kMaxAdcM];
-  float widest = 0.0f;
-  float magnitude = 0.0f;  // Σ_m max_c |lut[m][c]|
-  for (int m = 0; m < m_count; ++m) {
-    const auto [lo, hi] = RowRange(lut + m * kLutSize);
-    mins[m] = sign > 0 ? lo : -hi;
-    widest = std::max(widest, hi - lo);
-    magnitude += std::max(std::abs(lo), std::abs(hi));
-  }
-  const float step = widest / 255.0f;
-  if (!(step > 0.0f) || !std::isfinite(step) || !std::isfinite(magnitude)) {
-    std::fill(table, table + m_count * kLutSize, uint8_t{0});
-    return kKeepAll;
-  }
-  const float inverse = 1.0f / step;
-  for (int m = 0; m < m_count; ++m) {
-    const float* row = lut + m * kLutSize;
-    uint8_t* out = table + m * kLutSize;
-    for (int c = 0; c < kLutSize; ++c) {
-      out[c] = static_cast<uint8_t>(std::min(255.0f, (sign * row[c] - mins[m]) * inverse));
-    }
-  }
-  const double rounding = 4.0 * (m_count + 2) * FLT_EPSILON * magnitude / step;
-  return static_cast<int>(std::min<double>(kKeepAll, m_count + 1 + std::ceil(rounding)));
-}
-
 }  // namespace
-
-// The positions (in scan order) whose quantized sum Q may still be among the k smallest exact
-// distances: Q <= (k-th smallest Q offered so far) + margin. Offer is called block by block;
-// the limit only falls, so earlier survivors are pruned now and then.
-class SubsetAdc::CandidateFilter {
- public:
-  void Reset(int k, int margin) {
-    k_ = k;
-    margin_ = margin;
-    limit_ = kNoLimit;
-    smallest_.clear();
-    kept_.clear();
-    prune_at_ = 4 * static_cast<size_t>(k) + 1024;
-  }
-
-  uint16_t limit() const { return limit_; }
-
-  // sums: the kAdcBlock sums of the block at `first_position`; below: the lanes to consider.
-  void Offer(const uint16_t* sums, uint64_t below, int64_t first_position) {
-    for (; below != 0; below &= below - 1) {
-      const int lane = __builtin_ctzll(below);
-      const uint16_t q = sums[lane];
-      if (q > limit_) continue;  // the limit fell inside this block
-      kept_.emplace_back(q, first_position + lane);
-      if (static_cast<int>(smallest_.size()) < k_) {
-        smallest_.push_back(q);
-        std::push_heap(smallest_.begin(), smallest_.end());
-      } else if (q < smallest_.front()) {
-        std::pop_heap(smallest_.begin(), smallest_.end());
-        smallest_.back() = q;
-        std::push_heap(smallest_.begin(), smallest_.end());
-      } else {
-        continue;
-      }
-      if (static_cast<int>(smallest_.size()) == k_) {
-        limit_ = static_cast<uint16_t>(std::min(kNoLimit, smallest_.front() + margin_));
-      }
-    }
-    if (kept_.size() >= prune_at_) {
-      Prune();
-      prune_at_ = std::max(prune_at_, 2 * kept_.size());
-    }
-  }
-
-  // The surviving positions, in the order offered.
-  const std::vector<std::pair<uint16_t, int64_t>>& Survivors() {
-    Prune();
-    return kept_;
-  }
-
- private:
-  static constexpr int kNoLimit = 65535;
-
-  void Prune() {
-    const uint16_t limit = limit_;
-    kept_.erase(std::remove_if(kept_.begin(), kept_.end(),
-                               [limit](const auto& c) { return c.first > limit; }),
-                kept_.end());
-  }
-
-  int k_ = 0;
-  int margin_ = 0;
-  uint16_t limit_ = kNoLimit;
-  std::vector<uint16_t> smallest_;                  // max-heap of the k smallest sums offered
-  std::vector<std::pair<uint16_t, int64_t>> kept_;  // (sum, position)
-  size_t prune_at_ = 0;
-};
 
 void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
                   std::vector<std::pair<int64_t, int64_t>>& ranges) {
@@ -355,17 +210,7 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
       cache_(options.packed_cache_bytes > 0 && IsQuantized(options.kernel)
                  ? std::make_unique<PackedCache>(options.packed_cache_bytes)
                  : nullptr),
-      centroids_t_(codebook_.centroids.size()) {
-  const int dsub = codebook_.dsub;
-  for (int m = 0; m < codebook_.m; ++m) {
-    for (int c = 0; c < kLutSize; ++c) {
-      for (int j = 0; j < dsub; ++j) {
-        centroids_t_[(static_cast<size_t>(m) * dsub + j) * kLutSize + c] =
-            codebook_.centroids[(static_cast<size_t>(m) * kLutSize + c) * dsub + j];
-      }
-    }
-  }
-}
+      centroids_t_(adc_internal::TransposeCentroids(codebook_)) {}
 
 SubsetAdc::~SubsetAdc() = default;
 
@@ -503,7 +348,7 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
       float* lut = scratch.luts.data() + q * lut_size;
       ComputeLut(queries.row(rows[first + q]), lut);
       uint8_t* table = scratch.tables.data() + q * lut_size;
-      scratch.filters[q].Reset(k, QuantizeLut(lut, m, metric_, table));
+      scratch.filters[q].Reset(k, QuantizeLut(lut, m, metric_, table).margin);
       tables[q] = table;
     }
     // Stage 1: the integer sums of every position, block by block; the filters keep the

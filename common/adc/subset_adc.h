@@ -94,7 +94,6 @@ class SubsetAdc {
  private:
   SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Options options);
 
-  class CandidateFilter;
   struct Scratch;
   struct PackedSubset;
   class PackedCache;

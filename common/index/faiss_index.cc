@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <exception>
+#include <typeinfo>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/adc/ivf_adc.h"
 #include "common/check.h"
 #include "common/status_macros.h"
 #include "faiss/IndexHNSW.h"
@@ -103,6 +105,9 @@ class ParamChain {
   ParamChain& operator=(const ParamChain&) = delete;
 
   const faiss::SearchParameters* get() const { return top_; }
+  // The IVF level's nprobe and its coarse quantizer's parameters (nullptr: its defaults).
+  int nprobe() const { return ivf_.nprobe; }
+  const faiss::SearchParameters* quantizer() const { return ivf_.quantizer_params; }
 
  private:
   faiss::SearchParametersPreTransform pre_;
@@ -191,6 +196,39 @@ absl::StatusOr<std::unique_ptr<faiss::Index>> ReadFaiss(std::vector<uint8_t> byt
   return index;
 }
 
+// The IVF-PQ index under `index` if IvfAdc can scan it: exactly an IndexIVFPQ (not a subclass
+// with its own search, such as IVFPQR), L2, residual 8-bit codes, no polysemous filtering.
+faiss::IndexIVFPQ* IvfAdcCandidate(faiss::Index* index) {
+  auto* ivfpq = dynamic_cast<faiss::IndexIVFPQ*>(const_cast<faiss::Index*>(Unwrap(index)));
+  if (ivfpq == nullptr || typeid(*ivfpq) != typeid(faiss::IndexIVFPQ)) return nullptr;
+  const faiss::ProductQuantizer& pq = ivfpq->pq;
+  const bool eligible =
+      ivfpq->metric_type == faiss::METRIC_L2 && ivfpq->by_residual && pq.nbits == 8 &&
+      static_cast<int>(pq.M) <= kMaxAdcM && ivfpq->polysemous_ht == 0 &&
+      ivfpq->ntotal < (int64_t{1} << 32);
+  return eligible ? ivfpq : nullptr;
+}
+
+// Copies what IvfAdc needs out of an eligible IVF-PQ index.
+IvfPqLists ExportIvfPqLists(const faiss::IndexIVFPQ& ivfpq) {
+  IvfPqLists lists;
+  lists.codebook.m = static_cast<int>(ivfpq.pq.M);
+  lists.codebook.dsub = static_cast<int>(ivfpq.pq.dsub);
+  lists.codebook.centroids = ivfpq.pq.centroids;
+  lists.coarse_centroids.resize(ivfpq.nlist * ivfpq.d);
+  ivfpq.quantizer->reconstruct_n(0, ivfpq.nlist, lists.coarse_centroids.data());
+  lists.codes.resize(ivfpq.nlist);
+  lists.ids.resize(ivfpq.nlist);
+  for (size_t l = 0; l < ivfpq.nlist; ++l) {
+    const size_t n = ivfpq.invlists->list_size(l);
+    faiss::InvertedLists::ScopedCodes codes(ivfpq.invlists, l);
+    faiss::InvertedLists::ScopedIds ids(ivfpq.invlists, l);
+    lists.codes[l].assign(codes.get(), codes.get() + n * ivfpq.code_size);
+    lists.ids[l].assign(ids.get(), ids.get() + n);
+  }
+  return lists;
+}
+
 // Debian's faiss is a generic x86-64 build: for fewer queries than
 // distance_compute_blas_threshold (20) its exact distances run a scalar loop (fvec_L2sqr_ref),
 // several times slower per query than BLAS. Subset kNN-MT's sentence search (one query per
@@ -263,6 +301,9 @@ absl::Status FaissIndex::Train(MatrixView<const float> sample) {
 
 absl::Status FaissIndex::Add(MatrixView<const float> vectors) {
   RETURN_IF_ERROR(CheckCols(vectors, dim(), "added vectors"));
+  if (ivf_adc_ != nullptr) {
+    return absl::FailedPreconditionError("Add to an index in serving form");
+  }
   if (!is_trained()) return absl::FailedPreconditionError("Add before Train");
   return Guard(absl::StrCat("add ", vectors.rows, " vectors"), threads_,
                [&] { index_->add(vectors.rows, vectors.data); });
@@ -272,6 +313,7 @@ absl::StatusOr<Neighbors> FaissIndex::Search(MatrixView<const float> queries,
                                              const SearchParams& params) const {
   RETURN_IF_ERROR(CheckCols(queries, dim(), "queries"));
   if (params.k <= 0) return absl::InvalidArgumentError(absl::StrCat("k = ", params.k));
+  if (ivf_adc_ != nullptr) return SearchWithIvfAdc(queries, params);
   Neighbors out;
   out.rows = queries.rows;
   out.k = params.k;
@@ -287,7 +329,37 @@ absl::StatusOr<Neighbors> FaissIndex::Search(MatrixView<const float> queries,
   return out;
 }
 
+absl::StatusOr<Neighbors> FaissIndex::SearchWithIvfAdc(MatrixView<const float> queries,
+                                                       const SearchParams& params) const {
+  const auto* ivf = static_cast<const faiss::IndexIVF*>(Unwrap(index_.get()));
+  const auto* pre = dynamic_cast<const faiss::IndexPreTransform*>(index_.get());
+  const ParamChain chain(index_.get(), params);
+  const int64_t nprobe = std::min<int64_t>(chain.nprobe(), ivf->nlist);
+  const int64_t n = queries.rows;
+  Matrix<float> transformed;
+  MatrixView<const float> x = queries;
+  Matrix<float> coarse_distances(n, nprobe);
+  Matrix<idx_t> probes(n, nprobe);
+  RETURN_IF_ERROR(Guard("coarse search", threads_, [&] {
+    if (pre != nullptr) {
+      const float* t = pre->apply_chain(n, queries.data);
+      if (t != queries.data) {
+        transformed = Matrix<float>(n, ivf->d, std::vector<float>(t, t + n * ivf->d));
+        delete[] t;
+        x = transformed.view();
+      }
+    }
+    ivf->quantizer->search(n, x.data, nprobe, coarse_distances.data(), probes.data(),
+                           chain.quantizer());
+  }));
+  return ivf_adc_->Search(x, probes.view(), params.k);
+}
+
 absl::StatusOr<FileDigest> FaissIndex::Save(const std::string& path) const {
+  if (ivf_adc_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("save ", path, ": the index is in serving form (lists packed for IvfAdc)"));
+  }
   return SaveFaiss(index_.get(), path);
 }
 
@@ -301,6 +373,23 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
       Guard("serialize trained index", 1, [&] { faiss::write_index(index_.get(), &writer); }));
   ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(std::move(writer.data)));
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
+}
+
+absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
+  faiss::IndexIVFPQ* ivfpq = IvfAdcCandidate(index_.get());
+  if (ivf_adc_ != nullptr || ivfpq == nullptr || !IsQuantized(kernel)) return CompactIds();
+  IvfPqLists lists;
+  RETURN_IF_ERROR(
+      Guard("export inverted lists", threads_, [&] { lists = ExportIvfPqLists(*ivfpq); }));
+  ASSIGN_OR_RETURN(ivf_adc_, IvfAdc::Create(std::move(lists), {threads_, kernel}));
+  // faiss's copy of the lists and its precomputed tables (nlist x m x 256 floats) are no longer
+  // read: keep empty lists of the same shape.
+  return Guard("release inverted lists", threads_, [&] {
+    ivfpq->replace_invlists(new faiss::ArrayInvertedLists(ivfpq->nlist, ivfpq->code_size),
+                            /*own=*/true);
+    ivfpq->precomputed_table.resize(0);
+    ivfpq->use_precomputed_table = 0;
+  });
 }
 
 absl::Status FaissIndex::CompactIds() {
@@ -317,6 +406,7 @@ absl::Status FaissIndex::CompactIds() {
 }
 
 double FaissIndex::InvertedListBytesPerVector() const {
+  if (ivf_adc_ != nullptr) return ivf_adc_->BytesPerVector();
   auto* ivf = dynamic_cast<const faiss::IndexIVF*>(Unwrap(index_.get()));
   if (ivf == nullptr || ivf->ntotal == 0) return 0;
   const bool compact = dynamic_cast<const CompactInvertedLists*>(ivf->invlists) != nullptr;

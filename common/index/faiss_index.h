@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/adc/adc_kernels.h"
 #include "common/adc/pq_codebook.h"
 #include "common/index/search_index.h"
 
@@ -25,6 +26,8 @@ struct Index;
 }  // namespace faiss
 
 namespace knnserve {
+
+class IvfAdc;
 
 // Thread-safety: as SearchIndex.
 class FaissIndex : public SearchIndex {
@@ -56,6 +59,16 @@ class FaissIndex : public SearchIndex {
   // code bytes + 4 per vector. Afterwards Add fails, Save still writes faiss's own format. Does
   // nothing for non-IVF indexes. REQUIRES: size() < 2^32.
   absl::Status CompactIds();
+  // Serving form, called once after loading and before any search: the IVF lists keep 4-byte
+  // local ids (CompactIds). With a quantized `kernel` (adc_kernels.h), an IVF-PQ index with the
+  // L2 metric, residual 8-bit codes and faiss's precomputed tables is moreover searched by IvfAdc
+  // (common/adc/ivf_adc.h): the coarse assignment (and any PCA/OPQ transform) stays faiss's,
+  // the list scan is the quantized two-stage scan over lists packed here, and faiss's copy of
+  // the lists is released. Its answers equal faiss's up to float rounding. Afterwards Add and
+  // Save fail.
+  absl::Status PrepareForServing(AdcKernel kernel);
+  // Whether searches scan the lists with IvfAdc (PrepareForServing).
+  bool uses_ivf_adc() const { return ivf_adc_ != nullptr; }
   // Bytes per vector in the IVF inverted lists (codes + ids), or 0 for a non-IVF index.
   double InvertedListBytesPerVector() const;
 
@@ -71,8 +84,12 @@ class FaissIndex : public SearchIndex {
  private:
   FaissIndex(std::unique_ptr<faiss::Index> index, int threads);
 
+  absl::StatusOr<Neighbors> SearchWithIvfAdc(MatrixView<const float> queries,
+                                             const SearchParams& params) const;
+
   std::unique_ptr<faiss::Index> index_;
   const int threads_;
+  std::unique_ptr<IvfAdc> ivf_adc_;  // set by PrepareForServing for eligible IVF-PQ indexes
 };
 
 // The subset quantizer: the vector transforms of an index (its PCA/OPQ chain, or none) followed

@@ -125,7 +125,8 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
   ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
                    FaissIndex::Deserialize(std::move(bytes), options.threads));
-  RETURN_IF_ERROR(index->CompactIds());  // codes + 4 bytes per vector while serving
+  // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
+  RETURN_IF_ERROR(index->PrepareForServing(options.adc_kernel));
   const int64_t rows = shard.id_end - shard.id_begin;
   if (index->dim() != manifest.dim || index->metric() != manifest.metric || index->size() != rows) {
     return absl::DataLossError(absl::StrCat(where, ": dimension ", index->dim(), ", metric ",

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/index/builder.h"
+#include "common/files.h"
 #include "common/index/faiss_index.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -167,6 +168,139 @@ TEST(FaissIndex, CompactIdsKeepsAnswersAndCostsCodesPlusFourBytes) {
   EXPECT_EQ(before.distances, after.distances);
   EXPECT_THAT(index->Add({Data().keys.data(), 1, kDim}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("faiss")));
+}
+
+// ---- Serving form with IvfAdc (the quantized IVF-PQ list scan) -------------------------------
+
+// A trained, filled index loaded again from its bytes (as a shard loads it) and put in serving
+// form with `kernel`: the exact kernels keep faiss's own list scan, the quantized ones IvfAdc.
+std::unique_ptr<FaissIndex> Serving(const std::string& factory, AdcKernel kernel) {
+  static auto* bytes = new std::map<std::string, std::vector<uint8_t>>();
+  if (!bytes->count(factory)) {
+    auto index = FaissIndex::Create(factory, kDim, Metric::kL2, 1);
+    EXPECT_THAT(index, IsOk());
+    EXPECT_THAT((*index)->Train({Data().keys.data(), 2600, kDim}), IsOk());
+    EXPECT_THAT((*index)->Add(Data().keys.view()), IsOk());
+    const std::string path = (FreshTempDir("serving") / "index.faiss").string();
+    EXPECT_THAT((*index)->Save(path), IsOk());
+    auto read = ReadFileBytes(path);
+    EXPECT_THAT(read, IsOk());
+    (*bytes)[factory] = *read;
+  }
+  auto index = FaissIndex::Deserialize((*bytes)[factory], 1);
+  EXPECT_THAT(index, IsOk());
+  EXPECT_THAT((*index)->PrepareForServing(kernel), IsOk());
+  return *std::move(index);
+}
+
+// faiss and IvfAdc compute the same ADC distance differently (faiss: ||q − c||² plus a
+// precomputed table minus 2⟨q, r⟩; IvfAdc: the residual's own table), so they agree within
+// 1e-4 relative, the tolerance for ADC against faiss. Rows must agree position by
+// position in distance and in id, except that ids may swap among entries whose distances are
+// equal up to that tolerance.
+void ExpectSameNeighborsUpToNearTies(const Neighbors& want, const Neighbors& got) {
+  ASSERT_EQ(want.ids.size(), got.ids.size());
+  const auto close = [](float a, float b) {
+    return a == b || std::abs(a - b) <= 1e-4f * std::max(1.0f, std::abs(a));  // a == b: missing
+  };
+  for (int64_t r = 0; r < want.rows; ++r) {
+    for (int j = 0; j < want.k; ++j) {
+      const size_t i = r * want.k + j;
+      EXPECT_TRUE(close(want.distances[i], got.distances[i]))
+          << "row " << r << " rank " << j << ": " << want.distances[i] << " vs "
+          << got.distances[i];
+      if (want.ids[i] == got.ids[i]) continue;
+      // A swap: the id we got must be one faiss ranks at a tied distance.
+      bool tied = false;
+      for (int t = 0; t < want.k; ++t) {
+        const size_t u = r * want.k + t;
+        tied |= want.ids[u] == got.ids[i] && close(want.distances[u], got.distances[i]);
+      }
+      EXPECT_TRUE(tied) << "row " << r << " rank " << j << ": id " << got.ids[i]
+                        << " is not a near-tie of faiss's " << want.ids[i];
+    }
+  }
+}
+
+TEST(IvfAdc, ServingFormAnswersAsFaissUpToRounding) {
+  const Matrix<float> q = MakeQueries(Data().keys, 200, 31);
+  for (const char* factory : {"IVF32,PQ8", "IVF16,PQ16", "OPQ4_16,IVF16,PQ4", "IVF16_HNSW8,PQ4"}) {
+    SCOPED_TRACE(factory);
+    const std::unique_ptr<FaissIndex> faiss_scan = Serving(factory, AdcKernel::kScalar);
+    const std::unique_ptr<FaissIndex> ivf_adc = Serving(factory, AdcKernel::kQuantizedScalar);
+    EXPECT_FALSE(faiss_scan->uses_ivf_adc());
+    EXPECT_TRUE(ivf_adc->uses_ivf_adc());
+    for (const SearchParams params : {SearchParams{10, 4, 0}, SearchParams{1, 1, 0},
+                                      SearchParams{50, 32, 0}, SearchParams{3000, 2, 0}}) {
+      SCOPED_TRACE(absl::StrCat("k ", params.k, " nprobe ", params.nprobe));
+      ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_scan->Search(q.view(), params));
+      ASSERT_OK_AND_ASSIGN(Neighbors got, ivf_adc->Search(q.view(), params));
+      ExpectSameNeighborsUpToNearTies(want, got);
+    }
+  }
+}
+
+// Identical codes give identical ADC distances: with every vector stored 3 times the ties must
+// fall to the smaller id, as faiss's (normalised) answers do.
+TEST(IvfAdc, TiesFallToTheSmallerIdAsInFaiss) {
+  Matrix<float> keys(3 * 2000, kDim);
+  for (int64_t i = 0; i < keys.rows(); ++i) {
+    std::copy(Data().keys.row(i % 2000), Data().keys.row(i % 2000) + kDim, keys.row(i));
+  }
+  auto built = FaissIndex::Create("IVF16,PQ8", kDim, Metric::kL2, 1);
+  ASSERT_THAT(built, IsOk());
+  ASSERT_THAT((*built)->Train({Data().keys.data(), 2600, kDim}), IsOk());
+  ASSERT_THAT((*built)->Add(keys.view()), IsOk());
+  const std::string path = (FreshTempDir("ties") / "index.faiss").string();
+  ASSERT_THAT((*built)->Save(path), IsOk());
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  ASSERT_OK_AND_ASSIGN(auto faiss_scan, FaissIndex::Deserialize(bytes, 1));
+  ASSERT_OK_AND_ASSIGN(auto ivf_adc, FaissIndex::Deserialize(bytes, 1));
+  ASSERT_THAT(faiss_scan->PrepareForServing(AdcKernel::kScalar), IsOk());
+  ASSERT_THAT(ivf_adc->PrepareForServing(AdcKernel::kQuantizedScalar), IsOk());
+  const Matrix<float> q = MakeQueries(Data().keys, 50, 32);
+  ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_scan->Search(q.view(), {12, 4, 0}));
+  ASSERT_OK_AND_ASSIGN(Neighbors got, ivf_adc->Search(q.view(), {12, 4, 0}));
+  ExpectSameNeighborsUpToNearTies(want, got);
+  for (int64_t r = 0; r < got.rows; ++r) {
+    for (int j = 0; j + 1 < got.k; ++j) {
+      const size_t i = r * got.k + j;
+      if (got.distances[i] == got.distances[i + 1]) EXPECT_LT(got.ids[i], got.ids[i + 1]);
+    }
+  }
+}
+
+// The quantized kernels differ only in how the integer pre-scan is computed: bit-identical
+// answers.
+TEST(IvfAdc, VbmiKernelEqualsScalarBitForBit) {
+  if (!CpuSupports(AdcKernel::kQuantizedVbmi)) GTEST_SKIP() << "no AVX-512 VBMI on this CPU";
+  const Matrix<float> q = MakeQueries(Data().keys, 200, 33);
+  for (const char* factory : {"IVF32,PQ8", "IVF16,PQ16"}) {
+    SCOPED_TRACE(factory);
+    const auto scalar = Serving(factory, AdcKernel::kQuantizedScalar);
+    const auto vbmi = Serving(factory, AdcKernel::kQuantizedVbmi);
+    for (const SearchParams params : {SearchParams{10, 4, 0}, SearchParams{100, 16, 0}}) {
+      ASSERT_OK_AND_ASSIGN(Neighbors a, scalar->Search(q.view(), params));
+      ASSERT_OK_AND_ASSIGN(Neighbors b, vbmi->Search(q.view(), params));
+      EXPECT_EQ(a.ids, b.ids);
+      EXPECT_EQ(a.distances, b.distances);
+    }
+  }
+}
+
+// Serving form keeps codes plus a 4-byte id (lists padded to whole 64-vector blocks), and it is
+// frozen: nothing can be added and it cannot be written back.
+TEST(IvfAdc, ServingFormCostsCodesPlusFourBytesAndIsFrozen) {
+  const auto index = Serving("IVF16,PQ8", AdcKernel::kQuantizedScalar);
+  const double padding = 16.0 * 63 * 8 / kRows;  // at most 63 lanes per list
+  EXPECT_GE(index->InvertedListBytesPerVector(), 8 + 4);
+  EXPECT_LE(index->InvertedListBytesPerVector(), 8 + 4 + padding);
+  EXPECT_THAT(index->Add({Data().keys.data(), 1, kDim}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("serving form")));
+  EXPECT_THAT(index->Save((FreshTempDir("frozen") / "x.faiss").string()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("serving form")));
+  const auto flat = Serving("Flat", AdcKernel::kQuantizedScalar);
+  EXPECT_FALSE(flat->uses_ivf_adc());  // only IVF-PQ lists are scanned by IvfAdc
 }
 
 TEST(IndexEngine, OpqPcaFactoriesBuildAndSearch) {

@@ -1,0 +1,146 @@
+#include "common/adc/two_stage.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+namespace knnserve::adc_internal {
+namespace {
+
+constexpr int kLutSize = 256;
+
+}  // namespace
+
+void OfferBounded(Metric metric, int k, const Candidate& c, std::vector<Candidate>& heap) {
+  auto ranks_before = [metric](const Candidate& a, const Candidate& b) {
+    return RanksBefore(metric, a.first, a.second, b.first, b.second);
+  };
+  if (static_cast<int>(heap.size()) < k) {
+    heap.push_back(c);
+    std::push_heap(heap.begin(), heap.end(), ranks_before);
+  } else if (ranks_before(c, heap.front())) {
+    std::pop_heap(heap.begin(), heap.end(), ranks_before);
+    heap.back() = c;
+    std::push_heap(heap.begin(), heap.end(), ranks_before);
+  }
+}
+
+void WriteNearestFirst(Metric metric, std::vector<Candidate>& heap, int64_t row, int k,
+                       Neighbors& out) {
+  std::sort_heap(heap.begin(), heap.end(), [metric](const Candidate& a, const Candidate& b) {
+    return RanksBefore(metric, a.first, a.second, b.first, b.second);
+  });
+  for (size_t j = 0; j < heap.size(); ++j) {
+    out.distances[row * k + j] = heap[j].first;
+    out.ids[row * k + j] = heap[j].second;
+  }
+}
+
+int64_t LutQuantization::LargestSumWithin(double cost) const {
+  const double steps = std::floor((cost - base) / step) + slack;
+  return static_cast<int64_t>(std::clamp(steps, -1.0, static_cast<double>(kKeepAll)));
+}
+
+// The bounds: an entry is floor((cost − min_m) / step) computed in float, so a vector's exact
+// cost lies in [base + step * Q, base + step * (Q + m)) up to the rounding of the entries and
+// of the exact scan's own sums; `slack` steps cover that rounding (from the table's magnitude).
+LutQuantization QuantizeLut(const float* lut, int m_count, Metric metric, uint8_t* table) {
+  const AdcTableKernels& kernels = BestAdcTableKernels();
+  const float sign = metric == Metric::kL2 ? 1.0f : -1.0f;
+  float lo[kMaxAdcM], hi[kMaxAdcM], mins[kMaxAdcM];
+  kernels.row_ranges(lut, m_count, lo, hi);
+  float widest = 0.0f;
+  float magnitude = 0.0f;  // Σ_m max_c |lut[m][c]|
+  double base = 0.0;
+  for (int m = 0; m < m_count; ++m) {
+    mins[m] = sign > 0 ? lo[m] : -hi[m];
+    base += mins[m];
+    widest = std::max(widest, hi[m] - lo[m]);
+    magnitude += std::max(std::abs(lo[m]), std::abs(hi[m]));
+  }
+  LutQuantization q;
+  q.step = widest / 255.0f;
+  if (!(q.step > 0.0f) || !std::isfinite(q.step) || !std::isfinite(magnitude)) {
+    std::fill(table, table + m_count * kLutSize, uint8_t{0});
+    q.margin = LutQuantization::kKeepAll;
+    return q;
+  }
+  kernels.quantize_rows(lut, m_count, sign, mins, 1.0f / q.step, table);
+  const double rounding = 4.0 * (m_count + 2) * FLT_EPSILON * magnitude / q.step;
+  q.base = static_cast<float>(base);
+  q.slack = static_cast<int>(std::min<double>(LutQuantization::kKeepAll, 1 + std::ceil(rounding)));
+  q.margin = std::min(LutQuantization::kKeepAll, m_count + q.slack);
+  return q;
+}
+
+void CandidateFilter::Reset(int k, int margin, uint16_t cap) {
+  k_ = k;
+  margin_ = margin;
+  cap_ = cap;
+  limit_ = cap;
+  smallest_.clear();
+  kept_.clear();
+  prune_at_ = 4 * static_cast<size_t>(k) + 1024;
+}
+
+void CandidateFilter::Offer(const uint16_t* sums, uint64_t below, int64_t first_position) {
+  for (; below != 0; below &= below - 1) {
+    const int lane = __builtin_ctzll(below);
+    const uint16_t q = sums[lane];
+    if (q > limit_) continue;  // the limit fell inside this block
+    kept_.emplace_back(q, first_position + lane);
+    if (static_cast<int>(smallest_.size()) < k_) {
+      smallest_.push_back(q);
+      std::push_heap(smallest_.begin(), smallest_.end());
+    } else if (q < smallest_.front()) {
+      std::pop_heap(smallest_.begin(), smallest_.end());
+      smallest_.back() = q;
+      std::push_heap(smallest_.begin(), smallest_.end());
+    } else {
+      continue;
+    }
+    if (static_cast<int>(smallest_.size()) == k_) {
+      limit_ = static_cast<uint16_t>(std::min<int>(cap_, smallest_.front() + margin_));
+    }
+  }
+  if (kept_.size() >= prune_at_) {
+    Prune();
+    prune_at_ = std::max(prune_at_, 2 * kept_.size());
+  }
+}
+
+const std::vector<std::pair<uint16_t, int64_t>>& CandidateFilter::Survivors() {
+  Prune();
+  return kept_;
+}
+
+void CandidateFilter::Prune() {
+  const uint16_t limit = limit_;
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(),
+                             [limit](const auto& c) { return c.first > limit; }),
+              kept_.end());
+}
+
+std::vector<float> TransposeCentroids(const PqCodebook& codebook) {
+  const int dsub = codebook.dsub;
+  std::vector<float> transposed(codebook.centroids.size());
+  for (int m = 0; m < codebook.m; ++m) {
+    for (int c = 0; c < kLutSize; ++c) {
+      for (int j = 0; j < dsub; ++j) {
+        transposed[(static_cast<size_t>(m) * dsub + j) * kLutSize + c] =
+            codebook.centroids[(static_cast<size_t>(m) * kLutSize + c) * dsub + j];
+      }
+    }
+  }
+  return transposed;
+}
+
+float ExactCostOfLane(const float* lut, const PackedLine* block, int m_count, int lane) {
+  uint8_t code[kMaxAdcM];
+  for (int m = 0; m < m_count; ++m) code[m] = block[m].bytes[lane];
+  float cost;
+  ScanScalar(&lut, 1, code, 1, m_count, &cost);
+  return cost;
+}
+
+}  // namespace knnserve::adc_internal

@@ -1,0 +1,94 @@
+// The pieces of the quantized two-stage scan shared by the subset (subset_adc.h) and IVF
+// (ivf_adc.h) searches: byte tables quantized from a query's float table, the filter that keeps
+// the scan positions whose integer sums may still be among the k nearest, the bounded
+// k-selection heap, and access to one vector of a packed block. Internal to common/adc.
+#ifndef KNNSERVE_COMMON_ADC_TWO_STAGE_H_
+#define KNNSERVE_COMMON_ADC_TWO_STAGE_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/adc/adc_kernels.h"
+#include "common/adc/pq_codebook.h"
+#include "common/search_types.h"
+
+namespace knnserve::adc_internal {
+
+// One sub-quantizer's kAdcBlock code bytes of a packed block (a block is m lines).
+struct alignas(64) PackedLine {
+  uint8_t bytes[kAdcBlock];
+};
+
+using Candidate = std::pair<float, int64_t>;  // distance, id
+
+// Keeps the k candidates that rank first in a max-heap (the worst on top).
+void OfferBounded(Metric metric, int k, const Candidate& c, std::vector<Candidate>& heap);
+// Writes an OfferBounded heap nearest first into row `row` of out (consumes the heap).
+void WriteNearestFirst(Metric metric, std::vector<Candidate>& heap, int64_t row, int k,
+                       Neighbors& out);
+
+// How a float table was quantized to bytes (QuantizeLut): with Q the integer sum of a vector's
+// entries, its exact cost (the scalar scan's sum; −inner product for that metric) lies within
+// [base + step * (Q − slack), base + step * (Q + margin)).
+struct LutQuantization {
+  float base = 0.0f;  // Σ_m min_c cost[m][c]
+  float step = 0.0f;
+  int slack = 0;  // steps for the float rounding of the entries and of the exact sums
+  // m + slack: a vector can only be among the k nearest if Q <= (k-th smallest Q) + margin.
+  // kKeepAll for a degenerate table (all entries equal, or not finite): keep every vector.
+  int margin = 0;
+
+  static constexpr int kKeepAll = 65535;
+  bool keeps_all() const { return margin >= kKeepAll; }
+  // The largest Q whose vector's exact cost can be <= `cost` (ties rank by id, so equal costs
+  // must survive); negative when no vector can. REQUIRES: !keeps_all().
+  int64_t LargestSumWithin(double cost) const;
+};
+
+// Quantizes one query's m_count x 256 float table to one byte per entry: per sub-quantizer m,
+//   table[m][c] = floor((cost[m][c] − min_m) / step),  cost = lut (L2) or −lut (inner product,
+// where larger is nearer), step = (widest row range) / 255, so entries fit a byte and sums of
+// up to kMaxAdcM entries fit 16 bits.
+LutQuantization QuantizeLut(const float* lut, int m_count, Metric metric, uint8_t* table);
+
+// The positions (in scan order) whose quantized sum Q may still be among the k smallest exact
+// costs: Q <= (k-th smallest Q offered so far) + margin, and Q <= an optional cap. Offer is
+// called block by block; the limit only falls, so earlier survivors are pruned now and then.
+// Thread-safety: none (one per thread).
+class CandidateFilter {
+ public:
+  // cap: no position with a larger sum can be wanted (e.g. from distances found elsewhere).
+  void Reset(int k, int margin, uint16_t cap = kNoLimit);
+
+  uint16_t limit() const { return limit_; }
+
+  // sums: the kAdcBlock sums of the block at `first_position`; below: the lanes to consider.
+  void Offer(const uint16_t* sums, uint64_t below, int64_t first_position);
+
+  // The surviving (sum, position) pairs, in the order offered.
+  const std::vector<std::pair<uint16_t, int64_t>>& Survivors();
+
+ private:
+  static constexpr uint16_t kNoLimit = 65535;
+
+  void Prune();
+
+  int k_ = 0;
+  int margin_ = 0;
+  uint16_t cap_ = kNoLimit;
+  uint16_t limit_ = kNoLimit;
+  std::vector<uint16_t> smallest_;                  // max-heap of the k smallest sums offered
+  std::vector<std::pair<uint16_t, int64_t>> kept_;  // (sum, position)
+  size_t prune_at_ = 0;
+};
+
+// The codebook's centroids transposed per sub-quantizer to dsub x 256, the layout AdcLutFn reads.
+std::vector<float> TransposeCentroids(const PqCodebook& codebook);
+
+// The exact (scalar, canonical order) cost of lane `lane` of a packed block through `lut`.
+float ExactCostOfLane(const float* lut, const PackedLine* block, int m_count, int lane);
+
+}  // namespace knnserve::adc_internal
+
+#endif  // KNNSERVE_COMMON_ADC_TWO_STAGE_H_
