@@ -7,13 +7,17 @@
 // a) router + 1 shard vs in-process search of the same index (throughput, p50 overhead);
 // b) 4 shards behind the router vs one in-process index of the same total size;
 // c) per-step latency at a steady request rate over 4 shards x 2 replicas, then with one
-//    replica of shard 0 delayed by 50 ms, with hedging on and off.
+//    replica of shard 0 delayed by 50 ms, with hedging on and off;
+// d) per-step cost of a subset kNN-MT stream through the router and 2 shards whose engines
+//    answer at once: the subset sent with every step vs once per shard (subset_session),
+//    fp32 vs fp16 queries.
 // Servers run in this process (their own gRPC threads, loopback TCP); indexes are built once
 // into --work-dir from seeded random keys and reused by later runs.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -48,6 +52,11 @@ struct Flags {
   double steady_seconds = 30;
   int64_t train_size = 65536;
   std::string work_dir = "/tmp/knnserve-bench";
+  int subset_steps = 200;
+  int subset_sentences = 64;  // source sentences per decoding batch: one subset group each
+  int beam = 5;
+  int group_size = 512;
+  int subset_rounds = 3;
 };
 
 // Seeded normal keys generated on the fly (a 1M x 512 matrix would need 2 GB).
@@ -315,6 +324,124 @@ void BenchC(const Flags& flags) {
   }
 }
 
+// Answers every query at once with no neighbours: what remains is the service's own work.
+class InstantEngine : public SearchEngine {
+ public:
+  InstantEngine(int dim, int64_t num_sentences, int shard, int num_shards) {
+    info_.dim = dim;
+    info_.factory = "Flat";
+    info_.total_vectors = num_sentences;
+    info_.num_sentences = num_sentences;
+    info_.sentence_begin = info_.id_begin = num_sentences * shard / num_shards;
+    info_.sentence_end = info_.id_end = num_sentences * (shard + 1) / num_shards;
+  }
+  const EngineInfo& info() const override { return info_; }
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
+    return EngineResult{
+        Neighbors::Missing(query.queries.rows(), query.params.k, info_.metric, false), 0};
+  }
+
+ private:
+  EngineInfo info_;
+};
+
+// One decoding batch's stream: the setup, then `subset_steps` steps; returns the median step
+// time (the setup and the first step, where the shards learn the subset, included in none).
+absl::Duration SubsetStream(const Flags& flags, const std::string& address, v1::DType dtype) {
+  const int64_t num_sentences = int64_t{flags.subset_sentences} * flags.group_size * 2;
+  std::mt19937 rng(11);
+  v1::StreamRequest setup;
+  for (int g = 0; g < flags.subset_sentences; ++g) {
+    std::vector<int64_t> ids(num_sentences);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(flags.group_size);
+    setup.mutable_setup()->add_subset_groups()->mutable_sentence_ids()->Assign(ids.begin(),
+                                                                               ids.end());
+  }
+  setup.mutable_setup()->mutable_default_params()->set_k(flags.k);
+  const int rows = flags.subset_sentences * flags.beam;
+  std::vector<v1::StreamRequest> steps(4);  // a few query matrices, reused
+  for (size_t i = 0; i < steps.size(); ++i) {
+    v1::SearchRequest* step = steps[i].mutable_step();
+    EncodeMatrix(testing::RandomQueries(rows, flags.dim, static_cast<uint32_t>(i)).view(), dtype,
+                 step->mutable_queries());
+    for (int r = 0; r < rows; ++r) step->add_row_group(r / flags.beam);
+  }
+  auto stub = testing::Connect(address);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(600)));
+  auto stream = stub->SearchStream(&context);
+  KNNSERVE_CHECK(stream->Write(setup), "setup");
+  v1::SearchResponse response;
+  std::vector<absl::Duration> times;
+  for (int i = 0; i <= flags.subset_steps; ++i) {
+    const absl::Time start = absl::Now();
+    KNNSERVE_CHECK(stream->Write(steps[i % steps.size()]) && stream->Read(&response), "step");
+    KNNSERVE_CHECK(response.error_code() == 0, response.error_message().c_str());
+    if (i > 0) times.push_back(absl::Now() - start);
+  }
+  stream->WritesDone();
+  KNNSERVE_CHECK(stream->Finish().ok(), "stream");
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// A router over 2 shards whose engines answer at once.
+struct InstantCluster {
+  InstantCluster(const Flags& flags, bool subset_sessions) {
+    const int64_t num_sentences = int64_t{flags.subset_sentences} * flags.group_size * 2;
+    RouterOptions options = Options(false);
+    options.limits = RequestLimits();
+    options.subset_sessions = subset_sessions;
+    ShardMap map;
+    for (int s = 0; s < 2; ++s) {
+      shards.push_back(std::make_unique<TestShard>(
+          s, std::make_unique<InstantEngine>(flags.dim, num_sentences, s, 2),
+          testing::TestShardOptions{.limits = RequestLimits()}));
+      map[s].push_back(shards.back()->address());
+    }
+    router = std::make_unique<TestRouter>(map, options);
+  }
+  std::vector<std::unique_ptr<TestShard>> shards;
+  std::unique_ptr<TestRouter> router;
+};
+
+void BenchD(const Flags& flags) {
+  std::printf(
+      "\n### d) subset stream through the router + 2 shards (instant engines): %d steps of %d x "
+      "%d query rows, %d groups x %d sentences, dim %d, k %d\n\n"
+      "Median step time; the best of %d interleaved rounds.\n\n"
+      "| subset sent | queries | ms per step |\n|---|---|---|\n",
+      flags.subset_steps, flags.subset_sentences, flags.beam, flags.subset_sentences,
+      flags.group_size, flags.dim, flags.k, flags.subset_rounds);
+  struct Config {
+    bool sessions;
+    v1::DType dtype;
+    absl::Duration best = absl::InfiniteDuration();
+  };
+  std::vector<Config> configs;
+  for (const bool sessions : {false, true}) {
+    for (const v1::DType dtype : {v1::DTYPE_FP32, v1::DTYPE_FP16}) {
+      configs.push_back({sessions, dtype});
+    }
+  }
+  InstantCluster every_step(flags, false);
+  InstantCluster once(flags, true);
+  for (int round = 0; round < flags.subset_rounds; ++round) {
+    for (Config& config : configs) {
+      const std::string address = (config.sessions ? once : every_step).router->address();
+      config.best = std::min(config.best, SubsetStream(flags, address, config.dtype));
+    }
+  }
+  for (const Config& config : configs) {
+    std::printf("| %s | %s | %.3f |\n", config.sessions ? "once per shard" : "every step",
+                config.dtype == v1::DTYPE_FP16 ? "fp16" : "fp32",
+                absl::ToDoubleMilliseconds(config.best));
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace knnserve
 
@@ -334,12 +461,17 @@ int main(int argc, char** argv) {
   app.add_option("--train-size", flags.train_size)->capture_default_str();
   app.add_option("--work-dir", flags.work_dir, "where built indexes are kept")
       ->capture_default_str();
-  app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c")
+  app.add_option("--subset-steps", flags.subset_steps, "steps per stream (d)")
+      ->capture_default_str();
+  app.add_option("--subset-rounds", flags.subset_rounds, "streams per configuration (d)")
+      ->capture_default_str();
+  app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c, d")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   knnserve::InitLog("bench", knnserve::LogLevel::kWarning);
   if (parts.find('a') != std::string::npos) knnserve::BenchA(flags);
   if (parts.find('b') != std::string::npos) knnserve::BenchB(flags);
   if (parts.find('c') != std::string::npos) knnserve::BenchC(flags);
+  if (parts.find('d') != std::string::npos) knnserve::BenchD(flags);
   return 0;
 }

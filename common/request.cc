@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire.h"
@@ -131,25 +133,55 @@ absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SearchQuery> ParseSearchRequest(
-    const v1::SearchRequest& request, const IndexShape& shape, const RequestLimits& limits,
-    std::shared_ptr<const SubsetGroups> session_groups) {
+bool IsUnknownSubsetSession(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         absl::StartsWith(status.message(), kUnknownSubsetSession);
+}
+
+std::string NewSubsetSession() {
+  thread_local absl::BitGen bits;  // seeded from the OS's entropy
+  std::string token(16, '\0');
+  for (char& c : token) c = static_cast<char>(absl::Uniform<uint8_t>(bits));
+  return token;
+}
+
+absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
+                                               const IndexShape& shape, const RequestLimits& limits,
+                                               const SubsetSource& subsets) {
   if (!request.has_queries()) return absl::InvalidArgumentError("queries: missing");
   RETURN_IF_ERROR(ValidateQueryShape(request.queries(), shape, limits));
   RETURN_IF_ERROR(ValidateParams(request.params(), limits));
+  if (request.subset_session().size() > kMaxSubsetSessionBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("subset_session: ", request.subset_session().size(), " bytes; at most ",
+                     kMaxSubsetSessionBytes));
+  }
   SearchQuery query;
   ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
   RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+  query.queries_dtype = request.queries().dtype();
   query.params.k = request.params().k();
   query.params.nprobe = request.params().nprobe();
   query.params.ef_search = request.params().ef_search();
 
+  query.subset_session = request.subset_session();
   if (request.subset_groups_size() > 0) {
     ASSIGN_OR_RETURN(SubsetGroups groups,
                      ParseSubsetGroups(request.subset_groups(), shape, limits));
     query.subset_groups = std::make_shared<const SubsetGroups>(std::move(groups));
-  } else {
-    query.subset_groups = std::move(session_groups);
+  } else if (!query.subset_session.empty()) {
+    if (subsets.sessions != nullptr) {
+      query.subset_groups = subsets.sessions->Get(query.subset_session);
+    }
+    if (query.subset_groups == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kUnknownSubsetSession,
+                       ": this server holds no groups for it (never sent, forgotten or "
+                       "restarted); send the request again with its subset_groups"));
+    }
+  } else if (subsets.stream_groups != nullptr) {
+    query.subset_groups = subsets.stream_groups;
+    query.subset_session = subsets.stream_session;
   }
   if (query.is_subset()) {
     query.row_group.assign(request.row_group().begin(), request.row_group().end());
@@ -160,6 +192,10 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(
   }
   query.allow_partial = request.allow_partial();
   query.request_id = request.request_id();
+  if (subsets.sessions != nullptr && request.subset_groups_size() > 0 &&
+      !query.subset_session.empty()) {
+    subsets.sessions->Put(query.subset_session, query.subset_groups);
+  }
   return query;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/types/span.h"
 #include "common/matrix.h"
 #include "common/search_types.h"
+#include "common/subset_sessions.h"
 #include "knnserve/v1/retrieval.pb.h"
 
 namespace knnserve {
@@ -37,9 +38,6 @@ struct IndexShape {
   int64_t num_sentences = 0;  // 0 when the index holds no subset codes
 };
 
-// For each subset group, the datastore sentence ids it may match (distinct, in range).
-using SubsetGroups = std::vector<std::vector<int64_t>>;
-
 // A validated request.
 struct SearchQuery {
   Matrix<float> queries;  // rows x dim, finite
@@ -50,15 +48,44 @@ struct SearchQuery {
   std::vector<int32_t> row_group;
   bool allow_partial = false;
   std::string request_id;
+  // The token naming subset_groups across requests (SearchRequest.subset_session): the
+  // request's own, or the one its stream chose at setup. Empty when none.
+  std::string subset_session;
+  // The element type the queries arrived in. A router forwards them in it: fp16 decoded to
+  // fp32 encodes back to the same fp16 values.
+  v1::DType queries_dtype = v1::DTYPE_FP32;
 
   bool is_subset() const { return subset_groups != nullptr; }
 };
 
-// Validates and decodes `request`. `session_groups`, when set, are the groups a stream declared
-// in its setup message; a step with no groups of its own then refers to them.
-absl::StatusOr<SearchQuery> ParseSearchRequest(
-    const v1::SearchRequest& request, const IndexShape& shape, const RequestLimits& limits,
-    std::shared_ptr<const SubsetGroups> session_groups = nullptr);
+// Where a request without subset groups of its own finds them.
+struct SubsetSource {
+  // The groups a stream's setup message declared (null when none), and the token the stream
+  // names them with.
+  std::shared_ptr<const SubsetGroups> stream_groups;
+  std::string stream_session;
+  // Groups kept under subset_session tokens: a request with a token and groups adds them, a
+  // request with a token alone takes them. Null: every token is unknown.
+  SubsetSessions* sessions = nullptr;
+};
+
+// The message (prefix) of the FAILED_PRECONDITION a request naming a subset_session without
+// groups gets when `SubsetSource::sessions` holds none under its token. The caller sends the
+// request again with its groups.
+inline constexpr absl::string_view kUnknownSubsetSession = "unknown subset_session";
+bool IsUnknownSubsetSession(const absl::Status& status);
+
+// The longest subset_session token accepted.
+inline constexpr size_t kMaxSubsetSessionBytes = 64;
+// A new random token for a subset session (16 bytes: no two sessions of any router collide).
+std::string NewSubsetSession();
+
+// Validates and decodes `request`. A request without subset groups of its own searches those
+// kept under its subset_session token, or else the stream's (see SubsetSource); groups that
+// come with a token are kept under it once the request is valid.
+absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
+                                               const IndexShape& shape, const RequestLimits& limits,
+                                               const SubsetSource& subsets = {});
 
 // The pieces ParseSearchRequest is made of, for stream setup messages.
 absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits);

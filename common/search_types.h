@@ -32,6 +32,9 @@ inline bool RanksBefore(Metric metric, float a, int64_t id_a, float b, int64_t i
   return id_a < id_b;
 }
 
+// For each subset group, the datastore sentence ids it may match (distinct, in range).
+using SubsetGroups = std::vector<std::vector<int64_t>>;
+
 // Per-call search parameters. Zero nprobe/ef_search means "the index's default".
 struct SearchParams {
   int k = 16;

@@ -2,6 +2,7 @@
 //
 //   knnserve-router --shards FILE [--listen 127.0.0.1:6000] [--metrics-listen ADDR]
 //                   [--tls-cert F --tls-key F [--tls-ca F]] [--hedge-delay-ms MS | --no-hedge]
+//                   [--no-subset-sessions]
 //
 // FILE lists, per shard id, its replica addresses (server/shard_map.h). The TLS flags apply
 // to both sides: the router serves with --tls-cert/--tls-key (requiring client certificates
@@ -25,6 +26,7 @@ struct RouterFlags {
   ServerFlags server;
   std::string shards_file;
   bool no_hedge = false;
+  bool no_subset_sessions = false;
   double hedge_delay_ms = 0;
   double timeout_ms = 30000;
   double probe_interval_ms = 1000;
@@ -43,6 +45,7 @@ int Run(const RouterFlags& flags) {
   RouterOptions options;
   options.limits = flags.server.limits;
   options.hedge.enabled = !flags.no_hedge;
+  options.subset_sessions = !flags.no_subset_sessions;
   options.hedge.delay = absl::Microseconds(static_cast<int64_t>(flags.hedge_delay_ms * 1000));
   options.max_timeout = absl::Microseconds(static_cast<int64_t>(flags.timeout_ms * 1000));
   options.probe_interval = absl::Microseconds(static_cast<int64_t>(flags.probe_interval_ms * 1000));
@@ -59,7 +62,8 @@ int Run(const RouterFlags& flags) {
     Log(LogLevel::kError, "cannot start the router", {{"error", router.status().ToString()}});
     return 1;
   }
-  RetrievalService service(router->get(), flags.server.limits, &metrics);
+  RetrievalService service(router->get(), flags.server.limits, &metrics,
+                           flags.server.subset_session_sentences);
   RpcServerOptions server_options{flags.server.listen, flags.server.tls,
                                   flags.server.limits.MaxMessageBytes(kMaxDim)};
   absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(server_options, &service);
@@ -103,6 +107,9 @@ int main(int argc, char** argv) {
                  "shard map: one line per shard, 'ID ADDRESS [ADDRESS...]'")
       ->required();
   app.add_flag("--no-hedge", flags.no_hedge, "never send a second request to another replica");
+  app.add_flag("--no-subset-sessions", flags.no_subset_sessions,
+               "send a stream's subset groups to the shards with every step, not once per "
+               "replica under a subset_session token (for shards that predate the token)");
   app.add_option("--hedge-delay-ms", flags.hedge_delay_ms,
                  "hedge after this delay (0: the shard's observed p95 latency)")
       ->capture_default_str();

@@ -30,20 +30,36 @@ struct Router::Topology {
 
 namespace {
 
-std::shared_ptr<const v1::SearchRequest> ShardRequest(const SearchQuery& query) {
+void AddSubsetGroups(const SubsetGroups& groups, v1::SearchRequest* request) {
+  for (const std::vector<int64_t>& group : groups) {
+    request->add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+  }
+}
+
+// The request every shard `query` needs gets, the queries in the dtype they came in. A subset
+// query that names a session (when `use_sessions`) goes without its groups, and with the
+// means to add them for a replica that does not know the session.
+ShardRequest MakeShardRequest(const SearchQuery& query, bool use_sessions) {
   auto request = std::make_shared<v1::SearchRequest>();
-  EncodeMatrix(query.queries.view(), v1::DTYPE_FP32, request->mutable_queries());
+  EncodeMatrix(query.queries.view(), query.queries_dtype, request->mutable_queries());
   request->mutable_params()->set_k(query.params.k);
   request->mutable_params()->set_nprobe(query.params.nprobe);
   request->mutable_params()->set_ef_search(query.params.ef_search);
-  if (query.is_subset()) {
-    for (const std::vector<int64_t>& group : *query.subset_groups) {
-      request->add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
-    }
-    request->mutable_row_group()->Assign(query.row_group.begin(), query.row_group.end());
-  }
   request->set_request_id(query.request_id);
-  return request;
+  if (!query.is_subset()) return {std::move(request), nullptr};
+  request->mutable_row_group()->Assign(query.row_group.begin(), query.row_group.end());
+  if (!use_sessions || query.subset_session.empty()) {
+    AddSubsetGroups(*query.subset_groups, request.get());
+    return {std::move(request), nullptr};
+  }
+  request->set_subset_session(query.subset_session);
+  auto with_groups = [lean = std::shared_ptr<const v1::SearchRequest>(request),
+                      groups = query.subset_groups] {
+    auto full = std::make_shared<v1::SearchRequest>(*lean);
+    AddSubsetGroups(*groups, full.get());
+    return std::shared_ptr<const v1::SearchRequest>(std::move(full));
+  };
+  return {std::move(request), std::move(with_groups)};
 }
 
 // Whether a shard's failure leaves a gap (reported in Coverage, tolerated with allow_partial)
@@ -340,7 +356,7 @@ void Router::Search(SearchCall call, SearchDone done) {
   std::vector<const v1::ShardInfo*> ranges;
   for (size_t target : targets) ranges.push_back(&topology->ranges[target]);
   const absl::Time deadline = std::min(call.deadline, absl::Now() + options_.max_timeout);
-  std::shared_ptr<const v1::SearchRequest> request = ShardRequest(call.query);
+  const ShardRequest request = MakeShardRequest(call.query, options_.subset_sessions);
   // The callbacks keep the topology (which `ranges` point into) alive.
   auto fan_out = std::make_shared<FanOut>(
       std::move(ranges), call.query, topology->metric,

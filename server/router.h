@@ -3,7 +3,10 @@
 // whose sentence range holds a requested sentence), in parallel, with the caller's deadline,
 // through StartShardCall (replica choice, failover, hedging), merges the shards' top-k lists,
 // and reports Coverage. Without every needed shard a request fails with UNAVAILABLE (or
-// DEADLINE_EXCEEDED) naming the missing shards, unless it allows partial results.
+// DEADLINE_EXCEEDED) naming the missing shards, unless it allows partial results. A subset
+// query that names a subset_session (a stream's steps do) goes to the shards without its
+// groups; a replica that does not know the session is sent them again (StartShardCall).
+// Queries travel to the shards in the dtype they arrived in.
 //
 // A background prober calls Info on every replica (health, and what each shard serves); the
 // router serves once every shard has answered and the shards agree on dim and metric, and it
@@ -36,6 +39,10 @@ struct RouterOptions {
   HedgeOptions hedge;
   // Applied when the caller sets no deadline (or a later one).
   absl::Duration max_timeout = absl::Seconds(30);
+  // Subset search on a stream names the stream's subset to the shards by a subset_session
+  // token: each replica gets the groups once (again after it forgets them), not at every
+  // step. false: every request carries its groups, for shards that predate subset_session.
+  bool subset_sessions = true;
   absl::Duration probe_interval = absl::Seconds(1);
   absl::Duration probe_timeout = absl::Seconds(1);
   // Credentials for the router -> shard channels, and the name shard certificates carry when

@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/request.h"
 
 namespace knnserve {
 namespace {
@@ -15,8 +16,8 @@ namespace {
 // Thread-safe; kept alive by the callbacks of its attempts and timers.
 class ShardCall : public std::enable_shared_from_this<ShardCall> {
  public:
-  ShardCall(ShardGroup* shard, std::shared_ptr<const v1::SearchRequest> request,
-            absl::Time deadline, Scheduler* scheduler, const HedgeOptions* hedge, ShardDone done)
+  ShardCall(ShardGroup* shard, ShardRequest request, absl::Time deadline, Scheduler* scheduler,
+            const HedgeOptions* hedge, ShardDone done)
       : shard_(shard),
         request_(std::move(request)),
         deadline_(deadline),
@@ -40,7 +41,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       return;
     }
     shard_->CountRequest();
-    Launch(shard_->Pick({}), /*hedge=*/false);
+    Launch(shard_->Pick({}), /*hedge=*/false, request_.request);
     if (hedge_->enabled && shard_->replicas().size() > 1) {
       scheduler_->Schedule(absl::Now() + hedge_->DelayFor(shard_->latency()), [weak] {
         if (auto self = weak.lock()) self->Hedge();
@@ -52,6 +53,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
   struct Attempt {
     Replica* replica;
     bool hedge;
+    std::shared_ptr<const v1::SearchRequest> request;
     absl::Time start;
     grpc::ClientContext context;
     v1::SearchResponse response;
@@ -59,10 +61,11 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
     bool in_flight = true;         // guarded by ShardCall::mu_
   };
 
-  void Launch(Replica* replica, bool hedge) {
+  void Launch(Replica* replica, bool hedge, std::shared_ptr<const v1::SearchRequest> request) {
     auto attempt = std::make_shared<Attempt>();
     attempt->replica = replica;
     attempt->hedge = hedge;
+    attempt->request = std::move(request);
     attempt->start = absl::Now();
     if (deadline_ != absl::InfiniteFuture()) {
       attempt->context.set_deadline(absl::ToChronoTime(deadline_));
@@ -74,7 +77,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       tried_.push_back(replica);
     }
     replica->CallStarted();
-    replica->stub()->async()->Search(&attempt->context, request_.get(), &attempt->response,
+    replica->stub()->async()->Search(&attempt->context, attempt->request.get(), &attempt->response,
                                      [self = shared_from_this(), attempt](grpc::Status status) {
                                        self->OnAttemptDone(attempt, std::move(status));
                                      });
@@ -89,7 +92,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
     }
     if (replica == nullptr || !shard_->TakeHedge(hedge_->max_ratio)) return;
     shard_->metrics().hedges_sent->Increment();
-    Launch(replica, /*hedge=*/true);
+    Launch(replica, /*hedge=*/true, request_.request);
   }
 
   int InFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -111,9 +114,25 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
     }
   }
 
+  // Whether `attempt` failed only because its replica does not know the request's subset
+  // session, so that the request with groups will do.
+  bool NeedsGroups(const grpc::Status& status, const Attempt& attempt) const {
+    return request_.with_groups && attempt.request == request_.request &&
+           status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+           IsUnknownSubsetSession(FromGrpcStatus(status));
+  }
+
+  // The request with its subset groups, built on first use.
+  std::shared_ptr<const v1::SearchRequest> WithGroups() {
+    absl::MutexLock lock(&mu_);
+    if (with_groups_ == nullptr) with_groups_ = request_.with_groups();
+    return with_groups_;
+  }
+
   void OnAttemptDone(const std::shared_ptr<Attempt>& attempt, grpc::Status status) {
     const absl::Time now = absl::Now();
     Replica* failover = nullptr;
+    bool resend_with_groups = false;
     absl::StatusOr<v1::SearchResponse> result;
     {
       absl::MutexLock lock(&mu_);
@@ -122,7 +141,9 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       // replica that never answers in time would stay the first choice.
       attempt->replica->CallFinished(now - attempt->start, status.ok() || attempt->cancelled_by_us);
       if (finished_) return;  // a loser
-      if (status.ok()) {
+      if (NeedsGroups(status, *attempt)) {
+        resend_with_groups = true;
+      } else if (status.ok()) {
         result = std::move(attempt->response);
         if (attempt->hedge) shard_->metrics().hedges_won->Increment();
         shard_->latency().Add(now - start_);
@@ -140,11 +161,16 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
         result = absl::Status(error.code(),
                               absl::StrCat(attempt->replica->address(), ": ", error.message()));
       }
-      if (failover == nullptr) finished_ = true;
+      if (failover == nullptr && !resend_with_groups) finished_ = true;
+    }
+    if (resend_with_groups) {
+      shard_->metrics().subset_resends->Increment();
+      Launch(attempt->replica, attempt->hedge, WithGroups());
+      return;
     }
     if (failover != nullptr) {
       shard_->metrics().failovers->Increment();
-      Launch(failover, /*hedge=*/false);
+      Launch(failover, /*hedge=*/false, request_.request);
       return;
     }
     CancelAll();
@@ -175,7 +201,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
   }
 
   ShardGroup* const shard_;
-  const std::shared_ptr<const v1::SearchRequest> request_;
+  const ShardRequest request_;
   const absl::Time deadline_;
   Scheduler* const scheduler_;
   const HedgeOptions* const hedge_;
@@ -189,6 +215,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
   std::vector<Replica*> tried_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const v1::SearchRequest> with_groups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -199,9 +226,9 @@ absl::Duration HedgeOptions::DelayFor(const LatencyWindow& latency) const {
   return std::max(min_delay, observed.value_or(initial_delay));
 }
 
-void StartShardCall(ShardGroup* shard, std::shared_ptr<const v1::SearchRequest> request,
-                    absl::Time deadline, const std::shared_ptr<CancelToken>& cancel,
-                    Scheduler* scheduler, const HedgeOptions* hedge, ShardDone done) {
+void StartShardCall(ShardGroup* shard, ShardRequest request, absl::Time deadline,
+                    const std::shared_ptr<CancelToken>& cancel, Scheduler* scheduler,
+                    const HedgeOptions* hedge, ShardDone done) {
   auto call = std::make_shared<ShardCall>(shard, std::move(request), deadline, scheduler, hedge,
                                           std::move(done));
   call->Start(cancel);

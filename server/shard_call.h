@@ -5,7 +5,10 @@
 //    e.g. a replica shutting down) is retried on another replica while the deadline allows;
 //  - when hedging is on and the shard has another replica, a second attempt is sent after the
 //    hedge delay if the first has not answered; the first answer wins and the loser is
-//    cancelled (so is everything when the caller cancels).
+//    cancelled (so is everything when the caller cancels);
+//  - a request that names a subset_session without its groups is sent again, with them, to a
+//    replica that answers that it does not know the session (it never saw it, forgot it, or
+//    restarted), within the same deadline.
 #ifndef KNNSERVE_SERVER_SHARD_CALL_H_
 #define KNNSERVE_SERVER_SHARD_CALL_H_
 
@@ -37,13 +40,21 @@ struct HedgeOptions {
   absl::Duration DelayFor(const LatencyWindow& latency) const;
 };
 
+// What a shard call sends.
+struct ShardRequest {
+  std::shared_ptr<const v1::SearchRequest> request;
+  // Set when `request` names a subset_session without its groups: builds the same request
+  // with them. Called at most once per call, and only when a replica does not know the session.
+  std::function<std::shared_ptr<const v1::SearchRequest>()> with_groups;
+};
+
 using ShardDone = std::function<void(absl::StatusOr<v1::SearchResponse>)>;
 
 // Starts the call; `done` runs once, on a gRPC or scheduler thread. `shard`, `scheduler` and
 // `hedge` must outlive the call; `cancel` cancels every attempt in flight.
-void StartShardCall(ShardGroup* shard, std::shared_ptr<const v1::SearchRequest> request,
-                    absl::Time deadline, const std::shared_ptr<CancelToken>& cancel,
-                    Scheduler* scheduler, const HedgeOptions* hedge, ShardDone done);
+void StartShardCall(ShardGroup* shard, ShardRequest request, absl::Time deadline,
+                    const std::shared_ptr<CancelToken>& cancel, Scheduler* scheduler,
+                    const HedgeOptions* hedge, ShardDone done);
 
 }  // namespace knnserve
 

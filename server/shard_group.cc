@@ -30,6 +30,10 @@ ShardMetrics MakeShardMetrics(MetricsRegistry* registry, int32_t shard_id) {
       registry->GetCounter("knnserve_failovers_total",
                            "Retries on another replica after a transient error, by shard",
                            {{"shard", shard}}),
+      registry->GetCounter("knnserve_subset_resends_total",
+                           "Requests sent again with their subset groups to a replica that did "
+                           "not know the subset_session, by shard",
+                           {{"shard", shard}}),
   };
 }
 

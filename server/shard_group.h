@@ -56,6 +56,7 @@ struct ShardMetrics {
   Counter* hedges_sent;
   Counter* hedges_won;
   Counter* failovers;
+  Counter* subset_resends;
 };
 
 // Thread-safe.

@@ -46,7 +46,8 @@ int Run(const ShardFlags& flags) {
   BatcherOptions batcher = flags.batcher;
   batcher.max_wait = absl::Microseconds(flags.batch_wait_us);
   ShardBackend backend(flags.shard_id, batcher, &metrics);
-  RetrievalService service(&backend, flags.server.limits, &metrics);
+  RetrievalService service(&backend, flags.server.limits, &metrics,
+                           flags.server.subset_session_sentences);
   RpcServerOptions options{flags.server.listen, flags.server.tls,
                            flags.server.limits.MaxMessageBytes(manifest->dim)};
   absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(options, &service);

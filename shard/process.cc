@@ -57,6 +57,10 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
   app.add_option("--max-subset-sentences", limits.max_subset_sentences,
                  "most sentences per subset group")
       ->capture_default_str();
+  app.add_option("--subset-session-sentences", subset_session_sentences,
+                 "most sentence ids kept, over all subset sessions, for requests that name "
+                 "their subset by a subset_session token (least recently used ones go first)")
+      ->capture_default_str();
 }
 
 void ServerFlags::InitLogging(const std::string& component) const {

@@ -26,6 +26,7 @@ struct ServerFlags {
   std::string log_level = "info";
   double drain_seconds = 30;
   RequestLimits limits;
+  int64_t subset_session_sentences = SubsetSessions::kDefaultMaxSentences;
 
   // Registers the flags on `app`; `default_listen` is the --listen default.
   void Register(CLI::App& app, const std::string& default_listen);

@@ -54,6 +54,14 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   const std::shared_ptr<CancelToken> cancel_;
 };
 
+Counter* SubsetSessionCounter(MetricsRegistry* registry, const std::string& event) {
+  return registry->GetCounter(
+      "knnserve_subset_session_requests_total",
+      "Requests naming a subset_session: with groups (declared), using kept groups (reused), "
+      "or naming one this server does not hold (unknown)",
+      {{"event", event}});
+}
+
 }  // namespace
 
 ServiceMetrics ServiceMetrics::For(MetricsRegistry* registry, const std::string& method) {
@@ -75,12 +83,32 @@ void FillResponse(const SearchAnswer& answer, v1::SearchResponse* response) {
 }
 
 RetrievalService::RetrievalService(SearchBackend* backend, RequestLimits limits,
-                                   MetricsRegistry* metrics)
+                                   MetricsRegistry* metrics, int64_t subset_session_sentences)
     : backend_(backend),
       limits_(limits),
       search_metrics_(ServiceMetrics::For(metrics, "Search")),
       step_metrics_(ServiceMetrics::For(metrics, "SearchStream.step")),
-      info_metrics_(ServiceMetrics::For(metrics, "Info")) {}
+      info_metrics_(ServiceMetrics::For(metrics, "Info")),
+      subset_sessions_(subset_session_sentences),
+      sessions_declared_(SubsetSessionCounter(metrics, "declared")),
+      sessions_reused_(SubsetSessionCounter(metrics, "reused")),
+      sessions_unknown_(SubsetSessionCounter(metrics, "unknown")) {}
+
+absl::StatusOr<SearchQuery> RetrievalService::Parse(
+    const v1::SearchRequest& request, std::shared_ptr<const SubsetGroups> stream_groups,
+    const std::string& stream_session) {
+  ASSIGN_OR_RETURN(IndexShape shape, backend_->Shape());
+  absl::StatusOr<SearchQuery> query = ParseSearchRequest(
+      request, shape, limits_, {std::move(stream_groups), stream_session, &subset_sessions_});
+  if (!request.subset_session().empty()) {
+    if (!query.ok()) {
+      if (IsUnknownSubsetSession(query.status())) sessions_unknown_->Increment();
+    } else {
+      (request.subset_groups_size() > 0 ? sessions_declared_ : sessions_reused_)->Increment();
+    }
+  }
+  return query;
+}
 
 grpc::ServerUnaryReactor* RetrievalService::Search(grpc::CallbackServerContext* context,
                                                    const v1::SearchRequest* request,
@@ -89,9 +117,7 @@ grpc::ServerUnaryReactor* RetrievalService::Search(grpc::CallbackServerContext* 
   call.deadline = DeadlineOf(context);
   auto* reactor = new UnaryReactor(search_metrics_, call.cancel);
   response->set_request_id(request->request_id());
-  absl::StatusOr<IndexShape> shape = backend_->Shape();
-  absl::StatusOr<SearchQuery> query =
-      shape.ok() ? ParseSearchRequest(*request, *shape, limits_) : shape.status();
+  absl::StatusOr<SearchQuery> query = Parse(*request, nullptr, "");
   if (!query.ok()) {
     reactor->Complete(query.status());
     return reactor;
@@ -170,6 +196,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
       ASSIGN_OR_RETURN(SubsetGroups groups,
                        ParseSubsetGroups(setup.subset_groups(), shape, service_->limits_));
       session_groups_ = std::make_shared<const SubsetGroups>(std::move(groups));
+      session_token_ = NewSubsetSession();
     }
     default_params_ = setup.default_params();
     allow_partial_ = setup.allow_partial();
@@ -181,13 +208,11 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
       *step->mutable_params() = default_params_;
     }
     if (step->row_group_size() > 0 && step->subset_groups_size() == 0 &&
-        session_groups_ == nullptr) {
+        step->subset_session().empty() && session_groups_ == nullptr) {
       return absl::FailedPreconditionError(
           "step: row_group refers to subset groups, but no setup message declared any");
     }
-    ASSIGN_OR_RETURN(IndexShape shape, service_->backend_->Shape());
-    ASSIGN_OR_RETURN(SearchQuery query,
-                     ParseSearchRequest(*step, shape, service_->limits_, session_groups_));
+    ASSIGN_OR_RETURN(SearchQuery query, service_->Parse(*step, session_groups_, session_token_));
     query.allow_partial = query.allow_partial || allow_partial_;
     return query;
   }
@@ -226,6 +251,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   bool setup_seen_ = false;
   bool steps_started_ = false;
   std::shared_ptr<const SubsetGroups> session_groups_;
+  std::string session_token_;  // names session_groups_ to the backend's shards
   v1::SearchParams default_params_;
   bool allow_partial_ = false;
 };

@@ -1,8 +1,10 @@
 // The v1 Retrieval gRPC service over a SearchBackend, shared by knnserve-shard and
 // knnserve-router (a router is a shard of shards). It only translates: validation at the edge
 // (ParseSearchRequest), stream sessions (setup once, then steps answered in order, a bad step
-// answered with error_code/error_message without ending the stream), cancellation and
-// deadlines handed to the backend, and per-method metrics.
+// answered with error_code/error_message without ending the stream; a setup's groups get a
+// new subset_session token that the steps' queries carry), subset groups kept under the
+// requests' subset_session tokens (SubsetSessions), cancellation and deadlines handed to the
+// backend, and per-method metrics.
 #ifndef KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
 #define KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
 
@@ -28,7 +30,9 @@ struct ServiceMetrics {
 // Thread-safe; `backend` and `metrics` must outlive the service and its calls.
 class RetrievalService final : public v1::Retrieval::CallbackService {
  public:
-  RetrievalService(SearchBackend* backend, RequestLimits limits, MetricsRegistry* metrics);
+  // `subset_session_sentences` bounds the sentence ids kept under subset_session tokens.
+  RetrievalService(SearchBackend* backend, RequestLimits limits, MetricsRegistry* metrics,
+                   int64_t subset_session_sentences = SubsetSessions::kDefaultMaxSentences);
 
   grpc::ServerUnaryReactor* Search(grpc::CallbackServerContext* context,
                                    const v1::SearchRequest* request,
@@ -42,11 +46,23 @@ class RetrievalService final : public v1::Retrieval::CallbackService {
  private:
   friend class StreamReactor;
 
+  // ParseSearchRequest against the backend's shape and the kept subset sessions, counting
+  // what the request did with its subset_session token.
+  absl::StatusOr<SearchQuery> Parse(const v1::SearchRequest& request,
+                                    std::shared_ptr<const SubsetGroups> stream_groups,
+                                    const std::string& stream_session);
+
   SearchBackend* const backend_;
   const RequestLimits limits_;
   const ServiceMetrics search_metrics_;
   const ServiceMetrics step_metrics_;
   const ServiceMetrics info_metrics_;
+  SubsetSessions subset_sessions_;
+  // Requests whose subset_session token came with groups (kept), took kept groups, or named
+  // a token this server does not hold.
+  Counter* const sessions_declared_;
+  Counter* const sessions_reused_;
+  Counter* const sessions_unknown_;
 };
 
 // Fills the result part of `response` from an answer (or its error, for stream steps).

@@ -29,7 +29,7 @@ class LocalSession : public RetrievalSession {
     request.mutable_params()->set_ef_search(params.ef_search);
     request.mutable_row_group()->Assign(row_group.begin(), row_group.end());
     ASSIGN_OR_RETURN(SearchQuery query,
-                     ParseSearchRequest(request, engine_->info().shape(), *limits_, groups_));
+                     ParseSearchRequest(request, engine_->info().shape(), *limits_, {groups_}));
     ASSIGN_OR_RETURN(EngineResult result, engine_->Search(query));
     return std::move(result.neighbors);
   }

@@ -62,7 +62,7 @@ TEST(ParseSearchRequest, StreamStepsReuseTheSessionGroups) {
   auto session = std::make_shared<const SubsetGroups>(SubsetGroups{{3}, {4, 5}});
   v1::SearchRequest step = ValidRequest(2);
   AddAll(step.mutable_row_group(), {1, 0});
-  ASSERT_OK_AND_ASSIGN(SearchQuery query, ParseSearchRequest(step, kShape, kLimits, session));
+  ASSERT_OK_AND_ASSIGN(SearchQuery query, ParseSearchRequest(step, kShape, kLimits, {session}));
   EXPECT_EQ(query.subset_groups, session);  // shared, not copied
   EXPECT_EQ(query.row_group, (std::vector<int32_t>{1, 0}));
 }
@@ -167,6 +167,75 @@ TEST(ParseSearchRequest, RejectsMoreSubsetIdsInAllThanTheRequestLimit) {
   limits.max_total_subset_sentences = 3;
   EXPECT_THAT(ParseSearchRequest(ValidSubsetRequest(), kShape, limits),
               StatusIs(kInvalid, HasSubstr("4 sentence ids in all; at most 3 per request")));
+}
+
+TEST(ParseSearchRequest, StreamStepsCarryTheStreamsSubsetSession) {
+  auto groups = std::make_shared<const SubsetGroups>(SubsetGroups{{3}});
+  v1::SearchRequest step = ValidRequest(1);
+  AddAll(step.mutable_row_group(), {0});
+  ASSERT_OK_AND_ASSIGN(SearchQuery query,
+                       ParseSearchRequest(step, kShape, kLimits, {groups, "stream-token"}));
+  EXPECT_EQ(query.subset_session, "stream-token");
+  EXPECT_EQ(query.queries_dtype, v1::DTYPE_FP32);
+}
+
+TEST(ParseSearchRequest, KeepsGroupsUnderTheirSessionAndReusesThem) {
+  SubsetSessions sessions;
+  v1::SearchRequest declare = ValidSubsetRequest();
+  declare.set_subset_session("token");
+  ASSERT_OK_AND_ASSIGN(SearchQuery declared,
+                       ParseSearchRequest(declare, kShape, kLimits, {nullptr, "", &sessions}));
+  EXPECT_EQ(declared.subset_session, "token");
+  EXPECT_EQ(sessions.Get("token"), declared.subset_groups);
+
+  v1::SearchRequest step = ValidRequest(2);
+  step.set_subset_session("token");
+  AddAll(step.mutable_row_group(), {1, 0});
+  ASSERT_OK_AND_ASSIGN(SearchQuery reused,
+                       ParseSearchRequest(step, kShape, kLimits, {nullptr, "", &sessions}));
+  EXPECT_EQ(reused.subset_groups, declared.subset_groups);  // shared, not copied
+  EXPECT_EQ(reused.subset_session, "token");
+  EXPECT_EQ(reused.row_group, (std::vector<int32_t>{1, 0}));
+}
+
+TEST(ParseSearchRequest, UnknownSubsetSessionIsAFailedPreconditionOfItsOwn) {
+  SubsetSessions sessions;
+  v1::SearchRequest step = ValidRequest(1);
+  step.set_subset_session("never declared");
+  AddAll(step.mutable_row_group(), {0});
+  // The stream's groups do not stand in for a token's: the token names other groups.
+  const absl::StatusOr<SearchQuery> query = ParseSearchRequest(
+      step, kShape, kLimits,
+      {std::make_shared<const SubsetGroups>(SubsetGroups{{1}}), "stream", &sessions});
+  EXPECT_THAT(query, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("send the request again with its subset_groups")));
+  EXPECT_TRUE(IsUnknownSubsetSession(query.status()));
+  EXPECT_FALSE(IsUnknownSubsetSession(absl::FailedPreconditionError("holds no subset codes")));
+  // Without a store every token is unknown.
+  EXPECT_TRUE(IsUnknownSubsetSession(ParseSearchRequest(step, kShape, kLimits).status()));
+}
+
+TEST(ParseSearchRequest, InvalidRequestDoesNotKeepItsGroups) {
+  SubsetSessions sessions;
+  v1::SearchRequest request = ValidSubsetRequest();
+  request.set_subset_session("token");
+  request.mutable_row_group()->Set(0, 7);
+  EXPECT_THAT(ParseSearchRequest(request, kShape, kLimits, {nullptr, "", &sessions}),
+              StatusIs(kInvalid, HasSubstr("row_group[0] = 7")));
+  EXPECT_EQ(sessions.Get("token"), nullptr);
+}
+
+TEST(ParseSearchRequest, RejectsAnOverlongSubsetSession) {
+  v1::SearchRequest request = ValidSubsetRequest();
+  request.set_subset_session(std::string(kMaxSubsetSessionBytes + 1, 'x'));
+  EXPECT_THAT(ParseSearchRequest(request, kShape, kLimits),
+              StatusIs(kInvalid, HasSubstr("subset_session: 65 bytes; at most 64")));
+}
+
+TEST(NewSubsetSession, IsSixteenBytesAndFresh) {
+  const std::string a = NewSubsetSession();
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_NE(a, NewSubsetSession());
 }
 
 TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndFitsGrpc) {

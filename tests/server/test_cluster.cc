@@ -69,12 +69,13 @@ bool ControlledEngine::WaitForCallsAtGate(int n, absl::Duration timeout) const {
 TestShard::TestShard(int32_t shard_id, std::unique_ptr<SearchEngine> engine,
                      TestShardOptions options)
     : backend_(shard_id, options.batcher, &metrics_),
-      service_(&backend_, TestLimits(), &metrics_),
+      service_(&backend_, options.limits, &metrics_),
       pending_engine_(std::make_unique<ControlledEngine>(std::move(engine))),
       engine_(pending_engine_.get()) {
   RpcServerOptions server_options;
+  server_options.listen = options.listen;
   server_options.tls = options.tls;
-  server_options.max_message_bytes = TestLimits().MaxMessageBytes(engine_->info().dim);
+  server_options.max_message_bytes = options.limits.MaxMessageBytes(engine_->info().dim);
   absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(server_options, &service_);
   KNNSERVE_CHECK(server.ok(), std::string(server.status().message()).c_str());
   server_ = *std::move(server);

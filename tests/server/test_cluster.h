@@ -43,10 +43,15 @@ class ControlledEngine : public SearchEngine {
   mutable int at_gate_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Limits small enough that an oversized message is cheap to send (a few MB).
+RequestLimits TestLimits();
+
 struct TestShardOptions {
   BatcherOptions batcher;
   TlsFiles tls;
   bool load = true;  // false: start serving "loading" until Load()
+  std::string listen = "127.0.0.1:0";  // a killed shard's address: the shard restarted
+  RequestLimits limits = TestLimits();
 };
 
 // A shard server on 127.0.0.1. Thread-safe.
@@ -90,9 +95,6 @@ class TestRouter {
   std::unique_ptr<RetrievalService> service_;
   std::unique_ptr<RpcServer> server_;
 };
-
-// Limits small enough that an oversized message is cheap to send (a few MB).
-RequestLimits TestLimits();
 
 // Router options for tests: TestLimits, quick probes, hedging off unless a test turns it on.
 RouterOptions FastRouterOptions();
