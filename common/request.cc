@@ -1,8 +1,9 @@
 #include "common/request.h"
 
+#include <algorithm>
+
 #include <cmath>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -96,7 +97,6 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
   }
   SubsetGroups parsed;
   parsed.reserve(groups.size());
-  absl::flat_hash_set<int64_t> seen;
   for (int g = 0; g < groups.size(); ++g) {
     const auto& ids = groups[g].sentence_ids();
     if (ids.empty() || ids.size() > limits.max_subset_sentences) {
@@ -104,19 +104,21 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
           absl::StrCat("subset_groups[", g, "]: ", ids.size(), " sentences; must be 1..",
                        limits.max_subset_sentences));
     }
-    seen.clear();
     for (int i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= shape.num_sentences) {
         return absl::InvalidArgumentError(
             absl::StrCat("subset_groups[", g, "].sentence_ids[", i, "] = ", ids[i],
                          " is not a sentence id in [0, ", shape.num_sentences, ")"));
       }
-      if (!seen.insert(ids[i]).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "subset_groups[", g, "]: sentence id ", ids[i], " appears more than once"));
-      }
     }
-    parsed.emplace_back(ids.begin(), ids.end());
+    // Kept sorted (a group is a set): duplicates are then neighbours, and the engines, which
+    // scan a group's sentences in storage order, find them sorted at every step.
+    std::vector<int64_t>& group = parsed.emplace_back(ids.begin(), ids.end());
+    std::sort(group.begin(), group.end());
+    if (const auto dup = std::adjacent_find(group.begin(), group.end()); dup != group.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "subset_groups[", g, "]: sentence id ", *dup, " appears more than once"));
+    }
   }
   return parsed;
 }

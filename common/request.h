@@ -89,6 +89,7 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
 
 // The pieces ParseSearchRequest is made of, for stream setup messages.
 absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits);
+// Each returned group is sorted (a group is a set of sentences; duplicates are refused).
 absl::StatusOr<SubsetGroups> ParseSubsetGroups(
     const google::protobuf::RepeatedPtrField<v1::SubsetGroup>& groups, const IndexShape& shape,
     const RequestLimits& limits);

@@ -56,6 +56,8 @@ struct IvfAdc::Scratch {
   std::vector<float*> lut_rows;
   std::vector<uint8_t> table;
   CandidateFilter filter;
+  std::vector<uint8_t> codes;  // the survivors' codes, vector after vector
+  std::vector<float> costs;    // and their exact costs
   std::vector<Candidate> heap;
 };
 
@@ -104,6 +106,7 @@ IvfAdc::IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options
       coarse_centroids_(std::move(coarse_centroids)),
       options_(options),
       kernels_(GetQuantizedKernels(options.kernel)),
+      exact_(GetAdcScan(BestExactAdcKernel())),
       tables_(BestAdcTableKernels()),
       centroids_t_(adc_internal::TransposeCentroids(codebook_)),
       norms_(static_cast<size_t>(codebook_.m) * kLutSize) {
@@ -219,11 +222,22 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
       const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
       scratch.filter.Offer(sums, below & real_lanes, b);
     }
+    // The survivors' exact costs in one call of the exact kernel (bit-identical to the scalar
+    // canonical sum).
+    const auto& survivors = scratch.filter.Survivors();
+    scratch.codes.resize(survivors.size() * m);
+    scratch.costs.resize(survivors.size());
+    for (size_t s = 0; s < survivors.size(); ++s) {
+      const int64_t position = survivors[s].second;
+      adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
+                                 static_cast<int>(position % kAdcBlock), &scratch.codes[s * m]);
+    }
+    exact_(&lut, 1, scratch.codes.data(), static_cast<int64_t>(survivors.size()), m,
+           scratch.costs.data());
     const uint32_t* ids = ids_.data() + list_begin_[list];
-    for (const auto& [sum, position] : scratch.filter.Survivors()) {
-      const float cost = adc_internal::ExactCostOfLane(
-          lut, blocks + position / kAdcBlock * m, m, static_cast<int>(position % kAdcBlock));
-      adc_internal::OfferBounded(Metric::kL2, k, {residual_norm + cost, ids[position]},
+    for (size_t s = 0; s < survivors.size(); ++s) {
+      adc_internal::OfferBounded(Metric::kL2, k,
+                                 {residual_norm + scratch.costs[s], ids[survivors[s].second]},
                                  scratch.heap);
     }
   }

@@ -79,6 +79,7 @@ class IvfAdc {
   const std::vector<float> coarse_centroids_;
   const Options options_;
   const QuantizedAdcKernels kernels_;
+  const AdcScanFn exact_;  // the re-rank: any exact kernel gives the scalar sums bit for bit
   const AdcTableKernels& tables_;
   const std::vector<float> centroids_t_;
   std::vector<float> norms_;  // m x 256: ||r_mj||²  // per sub-quantizer dsub x 256 (AdcLutFn's layout)

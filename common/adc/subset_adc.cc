@@ -76,7 +76,9 @@ void SubsetRanges(const SubsetCodes& codes, absl::Span<const int64_t> sentences,
       local.push_back(s - codes.sentence_begin);
     }
   }
-  std::sort(local.begin(), local.end());
+  if (!std::is_sorted(local.begin(), local.end())) {  // parsed groups arrive sorted
+    std::sort(local.begin(), local.end());
+  }
   local.erase(std::unique(local.begin(), local.end()), local.end());
   for (int64_t s : local) {
     const int64_t begin = codes.offsets[s];
@@ -119,6 +121,8 @@ struct SubsetAdc::Scratch {
   // Quantized kernels only.
   std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
+  std::vector<int64_t> tokens;           // one query's survivors (local tokens)
+  std::vector<uint8_t> survivor_codes;   // and their codes, vector after vector
 };
 
 // A group's codes packed for the quantized scan, with the runs they came from (the cache key).
@@ -207,6 +211,7 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
       quantized_(IsQuantized(options.kernel) ? GetQuantizedKernels(options.kernel)
                                              : QuantizedAdcKernels{nullptr, nullptr}),
       lut_(BestAdcLut()),
+      exact_(GetAdcScan(BestExactAdcKernel())),
       cache_(options.packed_cache_bytes > 0 && IsQuantized(options.kernel)
                  ? std::make_unique<PackedCache>(options.packed_cache_bytes)
                  : nullptr),
@@ -366,16 +371,26 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
         scratch.filters[q].Offer(sums + q * kAdcBlock, below[q] & real_lanes, b);
       }
     }
-    // Stage 2: exact distances of the survivors (the scalar scan, so bit-identical to it).
+    // Stage 2: exact distances of the survivors, in one call of the best exact kernel (every
+    // exact kernel gives the scalar scan's sums bit for bit).
     for (int q = 0; q < nq; ++q) {
       const float* lut = scratch.luts.data() + q * lut_size;
+      const auto& survivors = scratch.filters[q].Survivors();
+      scratch.tokens.resize(survivors.size());
+      scratch.survivor_codes.resize(survivors.size() * m);
+      scratch.distances.resize(std::max(scratch.distances.size(), survivors.size()));
+      for (size_t s = 0; s < survivors.size(); ++s) {
+        const int64_t token = packed->Token(survivors[s].second);
+        scratch.tokens[s] = token;
+        std::copy(codes + token * m, codes + (token + 1) * m, &scratch.survivor_codes[s * m]);
+      }
+      exact_(&lut, 1, scratch.survivor_codes.data(), static_cast<int64_t>(survivors.size()), m,
+             scratch.distances.data());
       std::vector<Candidate>& heap = scratch.heaps[q];
       heap.clear();
-      for (const auto& [sum, position] : scratch.filters[q].Survivors()) {
-        const int64_t token = packed->Token(position);
-        float distance;
-        adc_internal::ScanScalar(&lut, 1, codes + token * m, 1, m, &distance);
-        OfferBounded(metric_, k, {distance, codes_.token_begin + token}, heap);
+      for (size_t s = 0; s < survivors.size(); ++s) {
+        OfferBounded(metric_, k, {scratch.distances[s], codes_.token_begin + scratch.tokens[s]},
+                     heap);
       }
       WriteNearestFirst(metric_, heap, rows[first + q], k, out);
     }

@@ -117,6 +117,7 @@ class SubsetAdc {
   const AdcScanFn scan_;
   const QuantizedAdcKernels quantized_;  // null functions unless IsQuantized(options_.kernel)
   const AdcLutFn lut_;
+  const AdcScanFn exact_;  // the quantized kernels' re-rank (bit-identical to the scalar scan)
   const std::unique_ptr<PackedCache> cache_;  // null when options_.packed_cache_bytes == 0
   // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
   std::vector<float> centroids_t_;

@@ -135,12 +135,8 @@ std::vector<float> TransposeCentroids(const PqCodebook& codebook) {
   return transposed;
 }
 
-float ExactCostOfLane(const float* lut, const PackedLine* block, int m_count, int lane) {
-  uint8_t code[kMaxAdcM];
+void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code) {
   for (int m = 0; m < m_count; ++m) code[m] = block[m].bytes[lane];
-  float cost;
-  ScanScalar(&lut, 1, code, 1, m_count, &cost);
-  return cost;
 }
 
 }  // namespace knnserve::adc_internal

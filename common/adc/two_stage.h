@@ -86,8 +86,8 @@ class CandidateFilter {
 // The codebook's centroids transposed per sub-quantizer to dsub x 256, the layout AdcLutFn reads.
 std::vector<float> TransposeCentroids(const PqCodebook& codebook);
 
-// The exact (scalar, canonical order) cost of lane `lane` of a packed block through `lut`.
-float ExactCostOfLane(const float* lut, const PackedLine* block, int m_count, int lane);
+// Copies the m_count code bytes of lane `lane` of a packed block to `code`.
+void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code);
 
 }  // namespace knnserve::adc_internal
 
