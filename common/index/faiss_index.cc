@@ -14,6 +14,7 @@
 #include "common/adc/ivf_adc.h"
 #include "common/check.h"
 #include "common/status_macros.h"
+#include "faiss/IndexFlat.h"
 #include "faiss/IndexHNSW.h"
 #include "faiss/IndexIVF.h"
 #include "faiss/IndexIVFPQ.h"
@@ -209,6 +210,16 @@ faiss::IndexIVFPQ* IvfAdcCandidate(faiss::Index* index) {
   return eligible ? ivfpq : nullptr;
 }
 
+// `index` itself if it is an exact L2 IndexFlat (no transform, not a subclass with its own
+// search).
+const faiss::IndexFlat* ExactL2Flat(const faiss::Index* index) {
+  const auto* flat = dynamic_cast<const faiss::IndexFlat*>(index);
+  const bool exact = flat != nullptr && flat->metric_type == faiss::METRIC_L2 &&
+                     (typeid(*flat) == typeid(faiss::IndexFlat) ||
+                      typeid(*flat) == typeid(faiss::IndexFlatL2));
+  return exact ? flat : nullptr;
+}
+
 // Copies what IvfAdc needs out of an eligible IVF-PQ index.
 IvfPqLists ExportIvfPqLists(const faiss::IndexIVFPQ& ivfpq) {
   IvfPqLists lists;
@@ -301,7 +312,7 @@ absl::Status FaissIndex::Train(MatrixView<const float> sample) {
 
 absl::Status FaissIndex::Add(MatrixView<const float> vectors) {
   RETURN_IF_ERROR(CheckCols(vectors, dim(), "added vectors"));
-  if (ivf_adc_ != nullptr) {
+  if (ivf_adc_ != nullptr || !flat_norms_.empty()) {
     return absl::FailedPreconditionError("Add to an index in serving form");
   }
   if (!is_trained()) return absl::FailedPreconditionError("Add before Train");
@@ -314,6 +325,7 @@ absl::StatusOr<Neighbors> FaissIndex::Search(MatrixView<const float> queries,
   RETURN_IF_ERROR(CheckCols(queries, dim(), "queries"));
   if (params.k <= 0) return absl::InvalidArgumentError(absl::StrCat("k = ", params.k));
   if (ivf_adc_ != nullptr) return SearchWithIvfAdc(queries, params);
+  if (!flat_norms_.empty()) return SearchFlatWithNorms(queries, params);
   Neighbors out;
   out.rows = queries.rows;
   out.k = params.k;
@@ -323,6 +335,25 @@ absl::StatusOr<Neighbors> FaissIndex::Search(MatrixView<const float> queries,
   RETURN_IF_ERROR(Guard("search", threads_, [&] {
     index_->search(queries.rows, queries.data, params.k, out.distances.data(), labels.data(),
                    chain.get());
+  }));
+  out.ids.assign(labels.begin(), labels.end());
+  NormaliseRows(metric(), out);
+  return out;
+}
+
+// The exact L2 search faiss's IndexFlat::search runs (knn_L2sqr), given the stored norms: the
+// same BLAS products and the same norms, hence the same answers.
+absl::StatusOr<Neighbors> FaissIndex::SearchFlatWithNorms(MatrixView<const float> queries,
+                                                          const SearchParams& params) const {
+  const auto* flat = static_cast<const faiss::IndexFlat*>(index_.get());
+  Neighbors out;
+  out.rows = queries.rows;
+  out.k = params.k;
+  out.distances.resize(queries.rows * params.k);
+  std::vector<idx_t> labels(queries.rows * params.k);
+  RETURN_IF_ERROR(Guard("search", threads_, [&] {
+    faiss::knn_L2sqr(queries.data, flat->get_xb(), flat->d, queries.rows, flat->ntotal, params.k,
+                     out.distances.data(), labels.data(), flat_norms_.data());
   }));
   out.ids.assign(labels.begin(), labels.end());
   NormaliseRows(metric(), out);
@@ -376,6 +407,13 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
 }
 
 absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
+  if (const faiss::IndexFlat* flat = ExactL2Flat(index_.get()); flat != nullptr) {
+    if (flat->ntotal == 0 || !flat_norms_.empty()) return absl::OkStatus();
+    flat_norms_.resize(flat->ntotal);
+    return Guard("flat norms", threads_, [&] {
+      faiss::fvec_norms_L2sqr(flat_norms_.data(), flat->get_xb(), flat->d, flat->ntotal);
+    });
+  }
   faiss::IndexIVFPQ* ivfpq = IvfAdcCandidate(index_.get());
   if (ivf_adc_ != nullptr || ivfpq == nullptr || !IsQuantized(kernel)) return CompactIds();
   IvfPqLists lists;

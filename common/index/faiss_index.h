@@ -59,13 +59,14 @@ class FaissIndex : public SearchIndex {
   // code bytes + 4 per vector. Afterwards Add fails, Save still writes faiss's own format. Does
   // nothing for non-IVF indexes. REQUIRES: size() < 2^32.
   absl::Status CompactIds();
-  // Serving form, called once after loading and before any search: the IVF lists keep 4-byte
-  // local ids (CompactIds). With a quantized `kernel` (adc_kernels.h), an IVF-PQ index with the
-  // L2 metric, residual 8-bit codes and faiss's precomputed tables is moreover searched by IvfAdc
-  // (common/adc/ivf_adc.h): the coarse assignment (and any PCA/OPQ transform) stays faiss's,
-  // the list scan is the quantized two-stage scan over lists packed here, and faiss's copy of
-  // the lists is released. Its answers equal faiss's up to float rounding. Afterwards Add and
-  // Save fail.
+  // Serving form, called once after loading and before any search. An exact L2 index (Flat)
+  // keeps its vectors' squared norms, which faiss's exact search otherwise recomputes (a scalar
+  // pass over the whole index) at every call. IVF lists keep 4-byte local ids (CompactIds); with
+  // a quantized `kernel` (adc_kernels.h), an IVF-PQ index with the L2 metric and residual 8-bit
+  // codes is moreover searched by IvfAdc (common/adc/ivf_adc.h): the coarse assignment (and any
+  // PCA/OPQ transform) stays faiss's, the list scan is the quantized two-stage scan over lists
+  // packed here, and faiss's copy of the lists is released; its answers equal faiss's up to
+  // float rounding (and Save then fails). Afterwards Add fails.
   absl::Status PrepareForServing(AdcKernel kernel);
   // Whether searches scan the lists with IvfAdc (PrepareForServing).
   bool uses_ivf_adc() const { return ivf_adc_ != nullptr; }
@@ -86,10 +87,13 @@ class FaissIndex : public SearchIndex {
 
   absl::StatusOr<Neighbors> SearchWithIvfAdc(MatrixView<const float> queries,
                                              const SearchParams& params) const;
+  absl::StatusOr<Neighbors> SearchFlatWithNorms(MatrixView<const float> queries,
+                                                const SearchParams& params) const;
 
   std::unique_ptr<faiss::Index> index_;
   const int threads_;
   std::unique_ptr<IvfAdc> ivf_adc_;  // set by PrepareForServing for eligible IVF-PQ indexes
+  std::vector<float> flat_norms_;    // set by PrepareForServing for Flat L2 indexes
 };
 
 // The subset quantizer: the vector transforms of an index (its PCA/OPQ chain, or none) followed

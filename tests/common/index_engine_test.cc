@@ -170,6 +170,25 @@ TEST(FaissIndex, CompactIdsKeepsAnswersAndCostsCodesPlusFourBytes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("faiss")));
 }
 
+// A Flat index in serving form keeps its vectors' norms instead of recomputing them per call:
+// the same BLAS search, bit-identical answers.
+TEST(FaissIndex, FlatServingFormKeepsNormsAndAnswersBitForBit) {
+  ASSERT_OK_AND_ASSIGN(auto index, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  ASSERT_THAT(index->Add(Data().keys.view()), IsOk());
+  const Matrix<float> q = MakeQueries(Data().keys, 40, 23);
+  for (const int k : {1, 10, 7000}) {
+    ASSERT_OK_AND_ASSIGN(Neighbors before, index->Search(q.view(), {k, 0, 0}));
+    ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+    ASSERT_THAT(serving->Add(Data().keys.view()), IsOk());
+    ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
+    ASSERT_OK_AND_ASSIGN(Neighbors after, serving->Search(q.view(), {k, 0, 0}));
+    EXPECT_EQ(before.ids, after.ids);
+    EXPECT_EQ(before.distances, after.distances);
+    EXPECT_THAT(serving->Add({Data().keys.data(), 1, kDim}),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("serving form")));
+  }
+}
+
 // ---- Serving form with IvfAdc (the quantized IVF-PQ list scan) -------------------------------
 
 // A trained, filled index loaded again from its bytes (as a shard loads it) and put in serving
