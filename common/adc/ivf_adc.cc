@@ -101,6 +101,51 @@ absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options
   return adc;
 }
 
+absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Merge(
+    std::vector<std::unique_ptr<IvfAdc>>* parts_in, const std::vector<int64_t>& id_offsets) {
+  std::vector<std::unique_ptr<IvfAdc>>& parts = *parts_in;
+  if (parts.empty() || parts.size() != id_offsets.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("IVF ADC merge of ", parts.size(),
+                                                   " parts with ", id_offsets.size(), " offsets"));
+  }
+  const Options options = parts[0]->options_;
+  IvfPqLists lists;
+  lists.codebook = parts[0]->codebook_;
+  lists.coarse_centroids = parts[0]->coarse_centroids_;
+  const int nlist = static_cast<int>(parts[0]->list_begin_.size()) - 1;
+  const int m = lists.codebook.m;
+  lists.codes.resize(nlist);
+  lists.ids.resize(nlist);
+  for (size_t i = 0; i < parts.size(); ++i) {  // all checks before any part is consumed
+    const IvfAdc& part = *parts[i];
+    if (part.codebook_.centroids != lists.codebook.centroids ||
+        part.coarse_centroids_ != lists.coarse_centroids) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "IVF ADC merge: part ", i, " has other coarse centroids or PQ codebook than part 0"));
+    }
+    if (id_offsets[i] < 0 || id_offsets[i] + part.size() > (int64_t{1} << 32)) {
+      return absl::InvalidArgumentError(absl::StrCat("IVF ADC merge: part ", i, " at id offset ",
+                                                     id_offsets[i], " exceeds 32-bit ids"));
+    }
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const IvfAdc& part = *parts[i];
+    for (int l = 0; l < nlist; ++l) {
+      const PackedLine* blocks = part.lines_.data() + part.block_begin_[l] * m;
+      for (int64_t v = part.list_begin_[l]; v < part.list_begin_[l + 1]; ++v) {
+        const int64_t position = v - part.list_begin_[l];
+        const size_t at = lists.codes[l].size();
+        lists.codes[l].resize(at + m);
+        adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
+                                   static_cast<int>(position % kAdcBlock), &lists.codes[l][at]);
+        lists.ids[l].push_back(static_cast<uint32_t>(part.ids_[v] + id_offsets[i]));
+      }
+    }
+    parts[i].reset();  // its packed lists are copied: free them before packing the merged ones
+  }
+  return Create(std::move(lists), options);
+}
+
 IvfAdc::IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options options)
     : codebook_(std::move(codebook)),
       coarse_centroids_(std::move(coarse_centroids)),

@@ -54,6 +54,13 @@ class IvfAdc {
 
   // Packs the lists (consuming `lists`). Fails on inconsistent sizes or an unusable kernel.
   static absl::StatusOr<std::unique_ptr<IvfAdc>> Create(IvfPqLists lists, Options options);
+  // One IvfAdc holding the lists of `parts` (shards of one trained index: same coarse
+  // centroids and codebook, else FAILED_PRECONDITION), part i's ids shifted by id_offsets[i].
+  // Its searches equal merging the parts' answers exactly: every vector gets the same table and
+  // distance either way. Uses parts[0]'s options. The parts are consumed (reset) on success
+  // and left untouched on an error.
+  static absl::StatusOr<std::unique_ptr<IvfAdc>> Merge(std::vector<std::unique_ptr<IvfAdc>>* parts,
+                                                       const std::vector<int64_t>& id_offsets);
   ~IvfAdc();
 
   // queries: rows x dim() (after the index's transform, if any). probes: rows x nprobe, the

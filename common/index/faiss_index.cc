@@ -300,7 +300,9 @@ Metric FaissIndex::metric() const {
   return index_->metric_type == faiss::METRIC_L2 ? Metric::kL2 : Metric::kInnerProduct;
 }
 
-int64_t FaissIndex::size() const { return index_->ntotal; }
+int64_t FaissIndex::size() const {
+  return ivf_adc_ != nullptr ? ivf_adc_->size() : static_cast<int64_t>(index_->ntotal);
+}
 
 bool FaissIndex::is_trained() const { return index_->is_trained; }
 
@@ -428,6 +430,35 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
     ivfpq->precomputed_table.resize(0);
     ivfpq->use_precomputed_table = 0;
   });
+}
+
+absl::Status FaissIndex::AbsorbIvfLists(std::vector<std::unique_ptr<FaissIndex>> others,
+                                        const std::vector<int64_t>& id_offsets) {
+  KNNSERVE_CHECK(ivf_adc_ != nullptr, "AbsorbIvfLists without IvfAdc");
+  if (others.size() != id_offsets.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("AbsorbIvfLists: ", others.size(),
+                                                   " indexes, ", id_offsets.size(), " offsets"));
+  }
+  for (size_t i = 0; i < others.size(); ++i) {
+    if (others[i]->ivf_adc_ == nullptr || others[i]->dim() != dim()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "AbsorbIvfLists: index ", i, " is not an IvfAdc index of dimension ", dim()));
+    }
+  }
+  std::vector<std::unique_ptr<IvfAdc>> parts;
+  std::vector<int64_t> offsets = {0};
+  parts.push_back(std::move(ivf_adc_));
+  for (size_t i = 0; i < others.size(); ++i) {
+    parts.push_back(std::move(others[i]->ivf_adc_));
+    offsets.push_back(id_offsets[i]);
+  }
+  absl::StatusOr<std::unique_ptr<IvfAdc>> merged = IvfAdc::Merge(&parts, offsets);
+  if (!merged.ok()) {  // Merge left the parts untouched: this index keeps its own lists
+    ivf_adc_ = std::move(parts[0]);
+    return merged.status();
+  }
+  ivf_adc_ = *std::move(merged);
+  return absl::OkStatus();
 }
 
 absl::Status FaissIndex::CompactIds() {

@@ -68,6 +68,14 @@ class FaissIndex : public SearchIndex {
   // packed here, and faiss's copy of the lists is released; its answers equal faiss's up to
   // float rounding (and Save then fails). Afterwards Add fails.
   absl::Status PrepareForServing(AdcKernel kernel);
+  // Embedded mode: takes over the IvfAdc lists of `others` (shards of the same index
+  // directory, each in serving form with IvfAdc: the same trained transform, coarse centroids
+  // and codebook), their local ids shifted by id_offsets[i]; this index then searches them all
+  // at once (one coarse search and one table per query and list instead of one per shard), with
+  // answers equal to merging the shards' answers. Consumes `others`; on an error this index is
+  // unchanged. REQUIRES: uses_ivf_adc().
+  absl::Status AbsorbIvfLists(std::vector<std::unique_ptr<FaissIndex>> others,
+                              const std::vector<int64_t>& id_offsets);
   // Whether searches scan the lists with IvfAdc (PrepareForServing).
   bool uses_ivf_adc() const { return ivf_adc_ != nullptr; }
   // Bytes per vector in the IVF inverted lists (codes + ids), or 0 for a non-IVF index.

@@ -1,5 +1,6 @@
 #include "common/index/index_engine.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -117,33 +118,39 @@ absl::StatusOr<std::shared_ptr<const SubsetQuantizer>> LoadQuantizer(
   return std::shared_ptr<const SubsetQuantizer>(std::move(q));
 }
 
-absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
-    const std::string& dir, const IndexManifest& manifest, int shard_id,
-    std::shared_ptr<const SubsetQuantizer> quantizer, const IndexEngineOptions& options) {
+// What one shard's files hold, loaded and checked against the manifest.
+struct ShardParts {
+  EngineInfo info;
+  std::unique_ptr<FaissIndex> index;  // in serving form
+  std::vector<int32_t> values;        // when info.has_values
+  std::optional<SubsetCodes> codes;   // subset codes, with their global bases set
+};
+
+absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexManifest& manifest,
+                                          int shard_id, const IndexEngineOptions& options) {
   const ShardManifest& shard = manifest.shards[shard_id];
   const std::string where = absl::StrCat(dir, "/", shard.index.file);
+  ShardParts parts;
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
-  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
-                   FaissIndex::Deserialize(std::move(bytes), options.threads));
-  // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
-  RETURN_IF_ERROR(index->PrepareForServing(options.adc_kernel));
+  ASSIGN_OR_RETURN(parts.index, FaissIndex::Deserialize(std::move(bytes), options.threads));
   const int64_t rows = shard.id_end - shard.id_begin;
-  if (index->dim() != manifest.dim || index->metric() != manifest.metric || index->size() != rows) {
-    return absl::DataLossError(absl::StrCat(where, ": dimension ", index->dim(), ", metric ",
-                                            MetricName(index->metric()), ", ", index->size(),
-                                            " vectors do not match the manifest"));
+  if (parts.index->dim() != manifest.dim || parts.index->metric() != manifest.metric ||
+      parts.index->size() != rows) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": dimension ", parts.index->dim(), ", metric ", MetricName(parts.index->metric()),
+        ", ", parts.index->size(), " vectors do not match the manifest"));
   }
-  std::vector<int32_t> values;
+  // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
+  RETURN_IF_ERROR(parts.index->PrepareForServing(options.adc_kernel));
   if (shard.values) {
     const std::string file = absl::StrCat(dir, "/", shard.values->file);
     ASSIGN_OR_RETURN(std::vector<uint8_t> vbytes, ReadChecked(dir, *shard.values));
-    ASSIGN_OR_RETURN(values, ParseValues(vbytes, file));
-    if (static_cast<int64_t>(values.size()) != rows) {
+    ASSIGN_OR_RETURN(parts.values, ParseValues(vbytes, file));
+    if (static_cast<int64_t>(parts.values.size()) != rows) {
       return absl::DataLossError(
-          absl::StrCat(file, ": ", values.size(), " values for ", rows, " vectors"));
+          absl::StrCat(file, ": ", parts.values.size(), " values for ", rows, " vectors"));
     }
   }
-  std::unique_ptr<SubsetAdc> adc;
   if (shard.subset_codes) {
     const std::string file = absl::StrCat(dir, "/", shard.subset_codes->file);
     ASSIGN_OR_RETURN(std::vector<uint8_t> cbytes, ReadChecked(dir, *shard.subset_codes));
@@ -156,11 +163,9 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
     }
     codes.sentence_begin = shard.sentence_begin;
     codes.token_begin = shard.id_begin;
-    ASSIGN_OR_RETURN(adc,
-                     SubsetAdc::Create(quantizer->codebook(), manifest.metric, std::move(codes),
-                                       {options.threads, options.adc_kernel}));
+    parts.codes = std::move(codes);
   }
-  EngineInfo info;
+  EngineInfo& info = parts.info;
   info.dim = manifest.dim;
   info.metric = manifest.metric;
   info.factory = manifest.factory;
@@ -171,9 +176,54 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> LoadShard(
   info.sentence_begin = shard.sentence_begin;
   info.sentence_end = shard.sentence_end;
   info.has_values = shard.values.has_value();
-  return std::make_unique<ShardEngine>(std::move(info), std::move(index), std::move(values),
+  return parts;
+}
+
+absl::StatusOr<std::unique_ptr<SearchEngine>> MakeShardEngine(
+    ShardParts parts, std::shared_ptr<const SubsetQuantizer> quantizer,
+    const IndexManifest& manifest, const IndexEngineOptions& options) {
+  std::unique_ptr<SubsetAdc> adc;
+  if (parts.codes) {
+    ASSIGN_OR_RETURN(adc,
+                     SubsetAdc::Create(quantizer->codebook(), manifest.metric, *std::move(parts.codes),
+                                       {options.threads, options.adc_kernel}));
+  }
+  return std::make_unique<ShardEngine>(std::move(parts.info), std::move(parts.index),
+                                       std::move(parts.values),
                                        adc != nullptr ? std::move(quantizer) : nullptr,
                                        std::move(adc));
+}
+
+// The shards (consecutive id and sentence ranges) as one: their IvfAdc lists moved into the
+// first shard's index, values and subset codes concatenated. Only for shards whose lists
+// IvfAdc scans: then one coarse search and one table per query and list serve all shards,
+// and the answers equal merging the shards' answers (same tables, same distances).
+absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
+  ShardParts merged = std::move(shards[0]);
+  std::vector<std::unique_ptr<FaissIndex>> others;
+  std::vector<int64_t> offsets;
+  for (size_t i = 1; i < shards.size(); ++i) {
+    ShardParts& shard = shards[i];
+    merged.info.has_values = merged.info.has_values && shard.info.has_values;
+    merged.values.insert(merged.values.end(), shard.values.begin(), shard.values.end());
+    if (merged.codes && shard.codes) {
+      SubsetCodes& codes = *merged.codes;
+      const int64_t base = codes.num_vectors();
+      for (size_t s = 1; s < shard.codes->offsets.size(); ++s) {
+        codes.offsets.push_back(base + shard.codes->offsets[s]);
+      }
+      codes.codes.insert(codes.codes.end(), shard.codes->codes.begin(), shard.codes->codes.end());
+    } else {
+      merged.codes.reset();
+    }
+    offsets.push_back(shard.info.id_begin - merged.info.id_begin);
+    merged.info.id_end = shard.info.id_end;
+    merged.info.sentence_end = shard.info.sentence_end;
+    others.push_back(std::move(shard.index));
+  }
+  if (!merged.info.has_values) merged.values.clear();
+  RETURN_IF_ERROR(merged.index->AbsorbIvfLists(std::move(others), offsets));
+  return merged;
 }
 
 }  // namespace
@@ -187,7 +237,8 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateEngine(const std::string& di
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const SubsetQuantizer> quantizer,
                    LoadQuantizer(dir, manifest, options));
-  return LoadShard(dir, manifest, shard_id, std::move(quantizer), options);
+  ASSIGN_OR_RETURN(ShardParts parts, LoadShardParts(dir, manifest, shard_id, options));
+  return MakeShardEngine(std::move(parts), std::move(quantizer), manifest, options);
 }
 
 absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::string& dir,
@@ -195,13 +246,24 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::strin
   ASSIGN_OR_RETURN(IndexManifest manifest, ReadManifest(dir));
   ASSIGN_OR_RETURN(std::shared_ptr<const SubsetQuantizer> quantizer,
                    LoadQuantizer(dir, manifest, options));
+  std::vector<ShardParts> parts;
+  bool mergeable = options.merge_shards && manifest.shards.size() > 1;
+  for (int s = 0; s < static_cast<int>(manifest.shards.size()); ++s) {
+    ASSIGN_OR_RETURN(ShardParts shard, LoadShardParts(dir, manifest, s, options));
+    mergeable = mergeable && shard.index->uses_ivf_adc();
+    parts.push_back(std::move(shard));
+  }
+  if (mergeable) {
+    ASSIGN_OR_RETURN(ShardParts merged, MergeShardParts(std::move(parts)));
+    return MakeShardEngine(std::move(merged), std::move(quantizer), manifest, options);
+  }
   std::vector<std::unique_ptr<SearchEngine>> shards;
   bool has_values = true;
-  for (int s = 0; s < static_cast<int>(manifest.shards.size()); ++s) {
-    ASSIGN_OR_RETURN(std::unique_ptr<SearchEngine> shard,
-                     LoadShard(dir, manifest, s, quantizer, options));
-    has_values = has_values && shard->info().has_values;
-    shards.push_back(std::move(shard));
+  for (ShardParts& shard : parts) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SearchEngine> engine,
+                     MakeShardEngine(std::move(shard), quantizer, manifest, options));
+    has_values = has_values && engine->info().has_values;
+    shards.push_back(std::move(engine));
   }
   if (shards.size() == 1) return std::move(shards[0]);
   EngineInfo info = shards.front()->info();

@@ -19,6 +19,9 @@ namespace knnserve {
 struct IndexEngineOptions {
   int threads = 1;  // OpenMP threads per search (faiss and subset ADC)
   AdcKernel adc_kernel = BestAdcKernel();
+  // CreateLocalEngine: shards whose IVF-PQ lists IvfAdc scans become one engine (one coarse
+  // search and one table per query and list for all of them; identical answers).
+  bool merge_shards = true;
 };
 
 // The engine of shard `shard_id` of the index in `dir`.
@@ -26,7 +29,8 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateEngine(const std::string& di
                                                            const IndexEngineOptions& options);
 
 // All shards of the index in `dir` in one engine: each search runs on every shard and the
-// results are merged with MergeTopK (equal to one unsharded index, exactly for Flat).
+// results are merged with MergeTopK (equal to one unsharded index, exactly for Flat), or, for
+// IVF-PQ shards scanned by IvfAdc (options.merge_shards), on their lists merged into one.
 absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::string& dir,
                                                                 const IndexEngineOptions& options);
 

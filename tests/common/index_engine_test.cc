@@ -422,18 +422,48 @@ TEST(IndexEngine, SubsetSearchReturnsOnlySubsetTokensWithValues) {
   }
 }
 
+// Both engines answer `query` identically: ids, distances, values and coverage.
+void ExpectIdenticalAnswers(const SearchEngine& a, const SearchEngine& b,
+                            const SearchQuery& query) {
+  ASSERT_OK_AND_ASSIGN(EngineResult x, a.Search(query));
+  ASSERT_OK_AND_ASSIGN(EngineResult y, b.Search(query));
+  EXPECT_EQ(x.neighbors.ids, y.neighbors.ids);
+  EXPECT_EQ(x.neighbors.distances, y.neighbors.distances);
+  EXPECT_EQ(x.neighbors.values, y.neighbors.values);
+  EXPECT_EQ(x.vectors_searched, y.vectors_searched);
+}
+
 TEST(IndexEngine, ShardedSubsetSearchEqualsUnsharded) {
   auto one = Local(Built("IVF32,PQ8", 1));
   auto three = Local(Built("IVF32,PQ8", 3));
   const Matrix<float> q = MakeQueries(Data().keys, 12, 20);
-  const SearchQuery query =
-      testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/4, 21);
-  ASSERT_OK_AND_ASSIGN(EngineResult a, one->Search(query));
-  ASSERT_OK_AND_ASSIGN(EngineResult b, three->Search(query));
-  EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
-  EXPECT_EQ(a.neighbors.distances, b.neighbors.distances);
-  EXPECT_EQ(a.neighbors.values, b.neighbors.values);
-  EXPECT_EQ(a.vectors_searched, b.vectors_searched);
+  ExpectIdenticalAnswers(
+      *one, *three,
+      testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/4, 21));
+}
+
+// In-process, the shards' IvfAdc lists become one engine: full and subset answers (ids,
+// distances, values) equal the shard-by-shard merge exactly, for both quantized kernels.
+TEST(IndexEngine, MergedShardListsEqualShardByShardMerge) {
+  const std::string dir = Built("IVF32,PQ8", 3);
+  for (const AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+    if (!CpuSupports(kernel)) continue;
+    SCOPED_TRACE(AdcKernelName(kernel));
+    ASSERT_OK_AND_ASSIGN(auto merged, CreateLocalEngine(dir, {.threads = 2, .adc_kernel = kernel}));
+    ASSERT_OK_AND_ASSIGN(auto by_shard, CreateLocalEngine(dir, {.threads = 2,
+                                                                .adc_kernel = kernel,
+                                                                .merge_shards = false}));
+    EXPECT_EQ(merged->info().id_begin, 0);
+    EXPECT_EQ(merged->info().id_end, kRows);
+    EXPECT_EQ(merged->info().sentence_end, Data().values.num_sentences());
+    const Matrix<float> q = MakeQueries(Data().keys, 30, 24);
+    for (const int nprobe : {4, 32}) {
+      ExpectIdenticalAnswers(*by_shard, *merged, testing::FullQuery(q, 10 * nprobe / 4, nprobe));
+    }
+    ExpectIdenticalAnswers(
+        *by_shard, *merged,
+        testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/5, 25));
+  }
 }
 
 TEST(IndexEngine, SubsetSearchNeedsSubsetCodes) {
