@@ -121,6 +121,7 @@ struct SubsetAdc::Scratch {
   // Quantized kernels only.
   std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
+  std::shared_ptr<PackedSubset> packed;  // without a cache: the last subset packed here
   std::vector<int64_t> tokens;           // one query's survivors (local tokens)
   std::vector<uint8_t> survivor_codes;   // and their codes, vector after vector
 };
@@ -299,13 +300,19 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
   return scanned;
 }
 
-std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& ranges) const {
+std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& ranges,
+                                                                  Scratch& scratch) const {
   if (cache_ != nullptr) {
     if (std::shared_ptr<const PackedSubset> hit = cache_->Find(ranges)) return hit;
   }
-  auto packed = std::make_shared<PackedSubset>();
+  // Without a cache the thread's previous subset is overwritten: its memory is reused, where
+  // fresh buffers of megabytes per call cost a page fault per 4 KiB (more than the packing).
+  std::shared_ptr<PackedSubset> packed = cache_ != nullptr || scratch.packed.use_count() > 1
+                                             ? std::make_shared<PackedSubset>()
+                                             : scratch.packed;
+  if (packed == nullptr) packed = scratch.packed = std::make_shared<PackedSubset>();
   packed->ranges = ranges;
-  packed->starts = {0};
+  packed->starts.assign(1, 0);
   for (const auto& [begin, end] : ranges) packed->starts.push_back(packed->size() + end - begin);
   const int m = codebook_.m;
   packed->lines.resize((packed->size() + kAdcBlock - 1) / kAdcBlock * m);
@@ -336,7 +343,7 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
                                         absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                         Neighbors& out) const {
   SubsetRanges(codes_, sentences, scratch.ranges);
-  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges);
+  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges, scratch);
   const int64_t n = packed->size();
   const int m = codebook_.m;
   const size_t lut_size = static_cast<size_t>(m) * kLutSize;
