@@ -199,8 +199,8 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
                           }));
         served = std::min(served, time_ours(*serving));
       }
-      std::printf("| %d | %d | %.0f | %.0f | %.3f | %.0f | %.2f | %.4f |\n", k, batch,
-                  total / ours, total / theirs, theirs / ours, total / served, theirs / served,
+      std::printf("| %d | %d | %.0f | %.0f | %.3f | %.0f | %.2f | %.4f |\n", k, batch, total / ours,
+                  total / theirs, theirs / ours, total / served, theirs / served,
                   RecallOfReference(*index, *serving, queries, params));
       std::fflush(stdout);
     }

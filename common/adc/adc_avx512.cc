@@ -92,8 +92,8 @@ void RowRangesAvx512(const float* lut, int m_count, float* lo, float* hi) {
   }
 }
 
-void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins,
-                        float inverse, uint8_t* table) {
+void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins, float inverse,
+                        uint8_t* table) {
   // The same operations, in the same order, as QuantizeRowsScalar: bit-identical bytes.
   const __m512 s = _mm512_set1_ps(sign);
   const __m512 inv = _mm512_set1_ps(inverse);
@@ -102,7 +102,8 @@ void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* 
     const __m512 mn = _mm512_set1_ps(mins[m]);
     for (int c = 0; c < 256; c += 16) {
       const __m512 x = _mm512_loadu_ps(lut + m * 256 + c);
-      const __m512 v = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s, x), mn), inv), top);
+      const __m512 v =
+          _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s, x), mn), inv), top);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(table + m * 256 + c),
                        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
     }

@@ -159,8 +159,8 @@ void RowRangesScalar(const float* lut, int m_count, float* lo, float* hi) {
   }
 }
 
-void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins,
-                        float inverse, uint8_t* table) {
+void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins, float inverse,
+                        uint8_t* table) {
   for (int m = 0; m < m_count; ++m) {
     for (int c = 0; c < 256; ++c) {
       const float v = (sign * lut[m * 256 + c] - mins[m]) * inverse;

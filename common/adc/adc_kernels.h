@@ -93,8 +93,8 @@ struct AdcTableKernels {
   void (*row_ranges)(const float* lut, int m_count, float* lo, float* hi);
   // table[m * 256 + c] = truncate(min(255, (sign * lut[m * 256 + c] − mins[m]) * inverse)).
   // REQUIRES: sign * lut[m * 256 + c] >= mins[m].
-  void (*quantize_rows)(const float* lut, int m_count, float sign, const float* mins,
-                        float inverse, uint8_t* table);
+  void (*quantize_rows)(const float* lut, int m_count, float sign, const float* mins, float inverse,
+                        uint8_t* table);
   // The L2 tables of IVF residuals less their norms, ||x_m − r||² − ||x_m||², for x = xs[i],
   // i < num, into luts[i]:
   //   luts[i][m * 256 + c] = fma(−2 x[m * dsub + dsub − 1], ct(dsub − 1), … fma(−2 x[m * dsub],
@@ -121,10 +121,10 @@ void LutAvx512(const float* query, const float* centroids_t, int m_count, int ds
                float* lut);
 void RowRangesScalar(const float* lut, int m_count, float* lo, float* hi);
 void RowRangesAvx512(const float* lut, int m_count, float* lo, float* hi);
-void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins,
-                        float inverse, uint8_t* table);
-void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins,
-                        float inverse, uint8_t* table);
+void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins, float inverse,
+                        uint8_t* table);
+void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins, float inverse,
+                        uint8_t* table);
 void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
 void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,

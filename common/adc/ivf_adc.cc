@@ -25,8 +25,8 @@ absl::Status CheckLists(const IvfPqLists& lists) {
   const PqCodebook& pq = lists.codebook;
   if (pq.m < 1 || pq.m > kMaxAdcM || pq.dsub < 1 ||
       pq.centroids.size() != static_cast<size_t>(pq.m) * kLutSize * pq.dsub) {
-    return absl::InvalidArgumentError(absl::StrCat("IVF-PQ codebook: m = ", pq.m, ", dsub = ",
-                                                   pq.dsub, ", ", pq.centroids.size(),
+    return absl::InvalidArgumentError(absl::StrCat("IVF-PQ codebook: m = ", pq.m,
+                                                   ", dsub = ", pq.dsub, ", ", pq.centroids.size(),
                                                    " centroid floats"));
   }
   if (lists.codes.size() != lists.ids.size() ||
@@ -37,9 +37,9 @@ absl::Status CheckLists(const IvfPqLists& lists) {
   }
   for (int l = 0; l < lists.nlist(); ++l) {
     if (lists.codes[l].size() != lists.ids[l].size() * pq.m) {
-      return absl::InvalidArgumentError(absl::StrCat("IVF-PQ list ", l, ": ",
-                                                     lists.codes[l].size(), " code bytes for ",
-                                                     lists.ids[l].size(), " vectors"));
+      return absl::InvalidArgumentError(absl::StrCat("IVF-PQ list ", l, ": ", lists.codes[l].size(),
+                                                     " code bytes for ", lists.ids[l].size(),
+                                                     " vectors"));
     }
   }
   return absl::OkStatus();
@@ -175,9 +175,8 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
                                          MatrixView<const int64_t> probes, int k) const {
   if (queries.cols != dim() || probes.rows != queries.rows || k <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("IVF ADC search: queries ", queries.rows, " x ", queries.cols,
-                     " (dimension ", dim(), "), probes ", probes.rows, " x ", probes.cols,
-                     ", k = ", k));
+        absl::StrCat("IVF ADC search: queries ", queries.rows, " x ", queries.cols, " (dimension ",
+                     dim(), "), probes ", probes.rows, " x ", probes.cols, ", k = ", k));
   }
   for (int64_t i = 0; i < probes.rows * probes.cols; ++i) {
     const int64_t list = probes.data[i];

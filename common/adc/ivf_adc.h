@@ -48,7 +48,7 @@ struct IvfPqLists {
 class IvfAdc {
  public:
   struct Options {
-    int threads = 1;                           // OpenMP threads across query rows
+    int threads = 1;                                 // OpenMP threads across query rows
     AdcKernel kernel = AdcKernel::kQuantizedScalar;  // REQUIRES: IsQuantized, CpuSupports
   };
 
@@ -89,7 +89,8 @@ class IvfAdc {
   const AdcScanFn exact_;  // the re-rank: any exact kernel gives the scalar sums bit for bit
   const AdcTableKernels& tables_;
   const std::vector<float> centroids_t_;
-  std::vector<float> norms_;  // m x 256: ||r_mj||²  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
+  std::vector<float>
+      norms_;  // m x 256: ||r_mj||²  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
   // List l: blocks [block_begin_[l], block_begin_[l + 1]) of m lines each, and vectors
   // [list_begin_[l], list_begin_[l + 1]) of ids_.
   std::vector<adc_internal::PackedLine> lines_;

@@ -301,7 +301,7 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
 }
 
 std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& ranges,
-                                                                  Scratch& scratch) const {
+                                                                 Scratch& scratch) const {
   if (cache_ != nullptr) {
     if (std::shared_ptr<const PackedSubset> hit = cache_->Find(ranges)) return hit;
   }

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <exception>
-#include <typeinfo>
 #include <numeric>
+#include <typeinfo>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -203,10 +203,9 @@ faiss::IndexIVFPQ* IvfAdcCandidate(faiss::Index* index) {
   auto* ivfpq = dynamic_cast<faiss::IndexIVFPQ*>(const_cast<faiss::Index*>(Unwrap(index)));
   if (ivfpq == nullptr || typeid(*ivfpq) != typeid(faiss::IndexIVFPQ)) return nullptr;
   const faiss::ProductQuantizer& pq = ivfpq->pq;
-  const bool eligible =
-      ivfpq->metric_type == faiss::METRIC_L2 && ivfpq->by_residual && pq.nbits == 8 &&
-      static_cast<int>(pq.M) <= kMaxAdcM && ivfpq->polysemous_ht == 0 &&
-      ivfpq->ntotal < (int64_t{1} << 32);
+  const bool eligible = ivfpq->metric_type == faiss::METRIC_L2 && ivfpq->by_residual &&
+                        pq.nbits == 8 && static_cast<int>(pq.M) <= kMaxAdcM &&
+                        ivfpq->polysemous_ht == 0 && ivfpq->ntotal < (int64_t{1} << 32);
   return eligible ? ivfpq : nullptr;
 }
 
@@ -214,9 +213,9 @@ faiss::IndexIVFPQ* IvfAdcCandidate(faiss::Index* index) {
 // search).
 const faiss::IndexFlat* ExactL2Flat(const faiss::Index* index) {
   const auto* flat = dynamic_cast<const faiss::IndexFlat*>(index);
-  const bool exact = flat != nullptr && flat->metric_type == faiss::METRIC_L2 &&
-                     (typeid(*flat) == typeid(faiss::IndexFlat) ||
-                      typeid(*flat) == typeid(faiss::IndexFlatL2));
+  const bool exact =
+      flat != nullptr && flat->metric_type == faiss::METRIC_L2 &&
+      (typeid(*flat) == typeid(faiss::IndexFlat) || typeid(*flat) == typeid(faiss::IndexFlatL2));
   return exact ? flat : nullptr;
 }
 
@@ -436,8 +435,8 @@ absl::Status FaissIndex::AbsorbIvfLists(std::vector<std::unique_ptr<FaissIndex>>
                                         const std::vector<int64_t>& id_offsets) {
   KNNSERVE_CHECK(ivf_adc_ != nullptr, "AbsorbIvfLists without IvfAdc");
   if (others.size() != id_offsets.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("AbsorbIvfLists: ", others.size(),
-                                                   " indexes, ", id_offsets.size(), " offsets"));
+    return absl::InvalidArgumentError(absl::StrCat("AbsorbIvfLists: ", others.size(), " indexes, ",
+                                                   id_offsets.size(), " offsets"));
   }
   for (size_t i = 0; i < others.size(); ++i) {
     if (others[i]->ivf_adc_ == nullptr || others[i]->dim() != dim()) {

@@ -184,14 +184,13 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> MakeShardEngine(
     const IndexManifest& manifest, const IndexEngineOptions& options) {
   std::unique_ptr<SubsetAdc> adc;
   if (parts.codes) {
-    ASSIGN_OR_RETURN(adc,
-                     SubsetAdc::Create(quantizer->codebook(), manifest.metric, *std::move(parts.codes),
-                                       {options.threads, options.adc_kernel}));
+    ASSIGN_OR_RETURN(
+        adc, SubsetAdc::Create(quantizer->codebook(), manifest.metric, *std::move(parts.codes),
+                               {options.threads, options.adc_kernel}));
   }
-  return std::make_unique<ShardEngine>(std::move(parts.info), std::move(parts.index),
-                                       std::move(parts.values),
-                                       adc != nullptr ? std::move(quantizer) : nullptr,
-                                       std::move(adc));
+  return std::make_unique<ShardEngine>(
+      std::move(parts.info), std::move(parts.index), std::move(parts.values),
+      adc != nullptr ? std::move(quantizer) : nullptr, std::move(adc));
 }
 
 // The shards (consecutive id and sentence ranges) as one: their IvfAdc lists moved into the

@@ -9,8 +9,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/index/builder.h"
 #include "common/files.h"
+#include "common/index/builder.h"
 #include "common/index/faiss_index.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -438,8 +438,7 @@ TEST(IndexEngine, ShardedSubsetSearchEqualsUnsharded) {
   auto three = Local(Built("IVF32,PQ8", 3));
   const Matrix<float> q = MakeQueries(Data().keys, 12, 20);
   ExpectIdenticalAnswers(
-      *one, *three,
-      testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/4, 21));
+      *one, *three, testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/4, 21));
 }
 
 // In-process, the shards' IvfAdc lists become one engine: full and subset answers (ids,
@@ -450,9 +449,9 @@ TEST(IndexEngine, MergedShardListsEqualShardByShardMerge) {
     if (!CpuSupports(kernel)) continue;
     SCOPED_TRACE(AdcKernelName(kernel));
     ASSERT_OK_AND_ASSIGN(auto merged, CreateLocalEngine(dir, {.threads = 2, .adc_kernel = kernel}));
-    ASSERT_OK_AND_ASSIGN(auto by_shard, CreateLocalEngine(dir, {.threads = 2,
-                                                                .adc_kernel = kernel,
-                                                                .merge_shards = false}));
+    ASSERT_OK_AND_ASSIGN(
+        auto by_shard,
+        CreateLocalEngine(dir, {.threads = 2, .adc_kernel = kernel, .merge_shards = false}));
     EXPECT_EQ(merged->info().id_begin, 0);
     EXPECT_EQ(merged->info().id_end, kRows);
     EXPECT_EQ(merged->info().sentence_end, Data().values.num_sentences());

@@ -49,7 +49,7 @@ RequestLimits TestLimits();
 struct TestShardOptions {
   BatcherOptions batcher;
   TlsFiles tls;
-  bool load = true;  // false: start serving "loading" until Load()
+  bool load = true;                    // false: start serving "loading" until Load()
   std::string listen = "127.0.0.1:0";  // a killed shard's address: the shard restarted
   RequestLimits limits = TestLimits();
 };
