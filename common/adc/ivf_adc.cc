@@ -257,27 +257,10 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
     const int64_t n = list_begin_[list + 1] - list_begin_[list];
     const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
     const uint8_t* table = scratch.table.data();
-    uint16_t sums[kAdcBlock];
-    uint64_t below;
-    for (int64_t b = 0; b < n; b += kAdcBlock) {
-      const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
-      const uint16_t limit = scratch.filter.limit();
-      kernels_.scan(&table, 1, blocks[b / kAdcBlock * m].bytes, m, &limit, sums, &below);
-      const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
-      scratch.filter.Offer(sums, below & real_lanes, b);
-    }
-    // The survivors' exact costs in one call of the exact kernel (bit-identical to the scalar
-    // canonical sum).
+    adc_internal::FilterPackedBlocks(kernels_, &table, 1, blocks, n, m, &scratch.filter);
     const auto& survivors = scratch.filter.Survivors();
-    scratch.codes.resize(survivors.size() * m);
-    scratch.costs.resize(survivors.size());
-    for (size_t s = 0; s < survivors.size(); ++s) {
-      const int64_t position = survivors[s].second;
-      adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
-                                 static_cast<int>(position % kAdcBlock), &scratch.codes[s * m]);
-    }
-    exact_(&lut, 1, scratch.codes.data(), static_cast<int64_t>(survivors.size()), m,
-           scratch.costs.data());
+    adc_internal::ExactCostsOfSurvivors(exact_, lut, blocks, m, survivors, scratch.codes,
+                                        scratch.costs);
     const uint32_t* ids = ids_.data() + list_begin_[list];
     for (size_t s = 0; s < survivors.size(); ++s) {
       adc_internal::OfferBounded(Metric::kL2, k,

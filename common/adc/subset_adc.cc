@@ -122,8 +122,8 @@ struct SubsetAdc::Scratch {
   std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
   std::shared_ptr<PackedSubset> packed;  // without a cache: the last subset packed here
-  std::vector<int64_t> tokens;           // one query's survivors (local tokens)
-  std::vector<uint8_t> survivor_codes;   // and their codes, vector after vector
+  std::vector<uint8_t> survivor_codes;   // one query's survivors' codes, vector after vector
+  std::vector<float> costs;              // and their exact costs
 };
 
 // A group's codes packed for the quantized scan, with the runs they came from (the cache key).
@@ -307,10 +307,13 @@ std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& r
   }
   // Without a cache the thread's previous subset is overwritten: its memory is reused, where
   // fresh buffers of megabytes per call cost a page fault per 4 KiB (more than the packing).
-  std::shared_ptr<PackedSubset> packed = cache_ != nullptr || scratch.packed.use_count() > 1
-                                             ? std::make_shared<PackedSubset>()
-                                             : scratch.packed;
-  if (packed == nullptr) packed = scratch.packed = std::make_shared<PackedSubset>();
+  std::shared_ptr<PackedSubset> packed;
+  if (cache_ != nullptr) {
+    packed = std::make_shared<PackedSubset>();
+  } else {
+    if (scratch.packed == nullptr) scratch.packed = std::make_shared<PackedSubset>();
+    packed = scratch.packed;
+  }
   packed->ranges = ranges;
   packed->starts.assign(1, 0);
   for (const auto& [begin, end] : ranges) packed->starts.push_back(packed->size() + end - begin);
@@ -351,8 +354,6 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
   scratch.tables.resize(kMaxQueriesPerPass * lut_size);
   scratch.filters.resize(kMaxQueriesPerPass);
   scratch.heaps.resize(kMaxQueriesPerPass);
-  const uint8_t* codes = codes_.codes.data();
-
   for (size_t first = 0; first < rows.size(); first += kMaxQueriesPerPass) {
     const int nq = static_cast<int>(std::min<size_t>(kMaxQueriesPerPass, rows.size() - first));
     const uint8_t* tables[kMaxQueriesPerPass];
@@ -363,41 +364,20 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
       scratch.filters[q].Reset(k, QuantizeLut(lut, m, metric_, table).margin);
       tables[q] = table;
     }
-    // Stage 1: the integer sums of every position, block by block; the filters keep the
-    // positions that may be among the k nearest.
-    uint16_t limits[kMaxQueriesPerPass];
-    uint16_t sums[kMaxQueriesPerPass * kAdcBlock];
-    uint64_t below[kMaxQueriesPerPass];
-    for (int64_t b = 0; b < n; b += kAdcBlock) {
-      const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
-      const uint8_t* block = packed->lines[b / kAdcBlock * m].bytes;
-      for (int q = 0; q < nq; ++q) limits[q] = scratch.filters[q].limit();
-      quantized_.scan(tables, nq, block, m, limits, sums, below);
-      const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
-      for (int q = 0; q < nq; ++q) {
-        scratch.filters[q].Offer(sums + q * kAdcBlock, below[q] & real_lanes, b);
-      }
-    }
-    // Stage 2: exact distances of the survivors, in one call of the best exact kernel (every
-    // exact kernel gives the scalar scan's sums bit for bit).
+    // Stage 1: the filters keep the positions that may be among the k nearest.
+    adc_internal::FilterPackedBlocks(quantized_, tables, nq, packed->lines.data(), n, m,
+                                     scratch.filters.data());
+    // Stage 2: exact distances of the survivors.
     for (int q = 0; q < nq; ++q) {
       const float* lut = scratch.luts.data() + q * lut_size;
       const auto& survivors = scratch.filters[q].Survivors();
-      scratch.tokens.resize(survivors.size());
-      scratch.survivor_codes.resize(survivors.size() * m);
-      scratch.distances.resize(std::max(scratch.distances.size(), survivors.size()));
-      for (size_t s = 0; s < survivors.size(); ++s) {
-        const int64_t token = packed->Token(survivors[s].second);
-        scratch.tokens[s] = token;
-        std::copy(codes + token * m, codes + (token + 1) * m, &scratch.survivor_codes[s * m]);
-      }
-      exact_(&lut, 1, scratch.survivor_codes.data(), static_cast<int64_t>(survivors.size()), m,
-             scratch.distances.data());
+      adc_internal::ExactCostsOfSurvivors(exact_, lut, packed->lines.data(), m, survivors,
+                                          scratch.survivor_codes, scratch.costs);
       std::vector<Candidate>& heap = scratch.heaps[q];
       heap.clear();
       for (size_t s = 0; s < survivors.size(); ++s) {
-        OfferBounded(metric_, k, {scratch.distances[s], codes_.token_begin + scratch.tokens[s]},
-                     heap);
+        const int64_t token = packed->Token(survivors[s].second);
+        OfferBounded(metric_, k, {scratch.costs[s], codes_.token_begin + token}, heap);
       }
       WriteNearestFirst(metric_, heap, rows[first + q], k, out);
     }

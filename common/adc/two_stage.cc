@@ -139,4 +139,36 @@ void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code)
   for (int m = 0; m < m_count; ++m) code[m] = block[m].bytes[lane];
 }
 
+void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const* tables,
+                        int num_queries, const PackedLine* blocks, int64_t n, int m_count,
+                        CandidateFilter* filters) {
+  constexpr int kMaxQueries = 8;
+  uint16_t limits[kMaxQueries];
+  uint16_t sums[kMaxQueries * kAdcBlock];
+  uint64_t below[kMaxQueries];
+  for (int64_t b = 0; b < n; b += kAdcBlock) {
+    const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
+    for (int q = 0; q < num_queries; ++q) limits[q] = filters[q].limit();
+    kernels.scan(tables, num_queries, blocks[b / kAdcBlock * m_count].bytes, m_count, limits, sums,
+                 below);
+    const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
+    for (int q = 0; q < num_queries; ++q) {
+      filters[q].Offer(sums + q * kAdcBlock, below[q] & real_lanes, b);
+    }
+  }
+}
+
+void ExactCostsOfSurvivors(AdcScanFn exact, const float* lut, const PackedLine* blocks, int m_count,
+                           const std::vector<std::pair<uint16_t, int64_t>>& survivors,
+                           std::vector<uint8_t>& codes, std::vector<float>& costs) {
+  codes.resize(survivors.size() * m_count);
+  costs.resize(survivors.size());
+  for (size_t s = 0; s < survivors.size(); ++s) {
+    const int64_t position = survivors[s].second;
+    CopyLaneCode(blocks + position / kAdcBlock * m_count, m_count,
+                 static_cast<int>(position % kAdcBlock), &codes[s * m_count]);
+  }
+  exact(&lut, 1, codes.data(), static_cast<int64_t>(survivors.size()), m_count, costs.data());
+}
+
 }  // namespace knnserve::adc_internal

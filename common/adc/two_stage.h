@@ -89,6 +89,20 @@ std::vector<float> TransposeCentroids(const PqCodebook& codebook);
 // Copies the m_count code bytes of lane `lane` of a packed block to `code`.
 void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code);
 
+// Stage 1 over n packed positions (blocks of m_count lines each): the integer sums of every
+// position for the num_queries tables, offered block by block to filters[q].
+// REQUIRES: num_queries <= 8 (the quantized kernels' queries per pass).
+void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const* tables,
+                        int num_queries, const PackedLine* blocks, int64_t n, int m_count,
+                        CandidateFilter* filters);
+
+// Stage 2: the exact costs through `lut` of the survivors' positions in the packed blocks,
+// into costs (one per survivor, in order), computed by one call of the exact kernel `exact`
+// (every exact kernel gives the scalar canonical sums bit for bit). `codes` is scratch.
+void ExactCostsOfSurvivors(AdcScanFn exact, const float* lut, const PackedLine* blocks, int m_count,
+                           const std::vector<std::pair<uint16_t, int64_t>>& survivors,
+                           std::vector<uint8_t>& codes, std::vector<float>& costs);
+
 }  // namespace knnserve::adc_internal
 
 #endif  // KNNSERVE_COMMON_ADC_TWO_STAGE_H_
