@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/bench_timing.h"
 #include "common/adc/subset_adc.h"
 #include "common/files.h"
 #include "common/index/faiss_index.h"
@@ -36,24 +37,6 @@
 
 namespace knnserve {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// Best-of-`reps` seconds of `fn` (after one warm-up call).
-double TimeBest(int reps, const std::function<void()>& fn) {
-  fn();
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    best = std::min(best, Seconds(t0, Clock::now()));
-  }
-  return best;
-}
 
 void Check(const absl::Status& s) {
   if (!s.ok()) {

@@ -1,31 +1,75 @@
 // Plain C++ interface to the CUDA subset-ADC kernels (no CUDA or absl types), so that host code
-// compiled by the C++ compiler can call them. Built only with KNNSERVE_WITH_CUDA.
-// NOT YET RUN ON A GPU: compiled for sm_90 only; needs checking against SubsetAdc on a GPU
-// machine before use.
+// compiled by the C++ compiler can call them. Built only with KNNSERVE_WITH_CUDA. Functions
+// returning std::string return "" on success, else the CUDA error text.
 #ifndef KNNSERVE_COMMON_ADC_CUDA_ADC_CUDA_KERNELS_H_
 #define KNNSERVE_COMMON_ADC_CUDA_ADC_CUDA_KERNELS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace knnserve::cuda {
 
-// Device buffers are raw device pointers. Returns "" on success, else the CUDA error text.
-std::string CopyToDevice(const void* host, size_t bytes, void** device);
-std::string FreeDevice(void* device);
+// CUDA devices this process can use (0 when there is no driver or no device).
+int DeviceCount();
+// "name, N SMs, X GiB" of the current device, for logs and benchmark tables.
+std::string DeviceDescription();
 
-// For each query q < num_queries and each position p < total of the concatenated token ranges
-// [range_begin[r], range_end[r]) (range_prefix[r] = positions before range r, ascending):
-//   distances[q * total + p] = Σ_m luts[q][m * 256 + codes[t * m_count + m]], t the token at p,
-// summed in the canonical 16-partial order of adc_kernels.h (bit-identical to the CPU kernels);
-//   ids[q * total + p] = t.
-// Then sorts each query's row (ascending for L2, descending for inner product; stable, so ties
-// keep ascending ids) and copies the first k distances and ids of each row to the host
-// (k <= total). All pointers except the outputs are device pointers.
-std::string SubsetAdcSearch(const float* luts, int num_queries, const uint8_t* codes, int m_count,
-                            const int64_t* range_begin, const int64_t* range_prefix, int num_ranges,
-                            int64_t total, bool inner_product, int k, float* host_distances,
-                            int64_t* host_ids);
+// A buffer on the current device, freed on destruction. Thread-compatible.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Replaces the contents with a copy of `bytes` bytes at `host`.
+  std::string Upload(const void* host, size_t bytes);
+  const void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// A codebook and its codes resident on the device (device pointers).
+struct DeviceCodes {
+  int m_count = 0;                     // code bytes per vector, 1 .. 256
+  int dsub = 0;                        // dimensions per sub-quantizer
+  const uint8_t* codes = nullptr;      // vectors x m_count
+  const float* centroids_t = nullptr;  // m_count x dsub x 256 (TransposeCentroids' layout)
+};
+
+// One batch of subset searches. All arrays are host memory.
+//
+// Group g's positions 0 .. group_total[g] - 1 are the local tokens of its ranges
+// r = group_first_range[g] .. group_first_range[g + 1] - 1 in that order: range r's positions
+// start at range_prefix[r] (0 for the group's first range, ascending) and hold the tokens
+// range_begin[r], range_begin[r] + 1, ... up to the next range's prefix (or group_total[g]).
+// Query q searches the positions of group query_group[q].
+struct SubsetScan {
+  bool inner_product = false;  // rank by descending inner product (else ascending squared L2)
+  int k = 0;                   // neighbours per query, >= 1
+  int num_queries = 0;
+  const float* queries = nullptr;        // num_queries x (m_count * dsub), transformed
+  const int32_t* query_group = nullptr;  // num_queries
+  int num_groups = 0;
+  const int64_t* group_first_range = nullptr;  // num_groups + 1
+  const int64_t* group_total = nullptr;        // num_groups
+  const int64_t* range_begin = nullptr;        // group_first_range[num_groups] entries
+  const int64_t* range_prefix = nullptr;       // likewise
+};
+
+// For every query, its m_count x 256 table is built on the device with the operations of
+// adc_kernels.h's LutScalar (same order, no fused multiply-add: bit-identical tables), and the
+// distance of every position is the sum of its code's table entries in the canonical order of
+// adc_kernels.h (so bit-identical to the CPU's exact scans, except that a sum of -0.0 is
+// returned as +0.0); then each query's positions are ranked (stable: ties keep
+// ascending tokens). Writes num_queries x k row-major: the best min(k, total) distances and
+// local token ids of each query, in rank order, then id -1 (distance unspecified).
+// REQUIRES: codes.codes holds every token the ranges name.
+// Thread-safe: each calling thread works on its own per-thread stream and buffers.
+std::string SubsetAdcSearch(const DeviceCodes& codes, const SubsetScan& scan, float* distances,
+                            int64_t* ids);
 
 }  // namespace knnserve::cuda
 

@@ -1,11 +1,10 @@
 #include "common/adc/cuda/cuda_subset_adc.h"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/adc/cuda/adc_cuda_kernels.h"
+#include "common/adc/two_stage.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -16,44 +15,52 @@ absl::Status CudaStatus(const std::string& error, absl::string_view what) {
   return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", error));
 }
 
-// A device copy of a host vector, freed on destruction.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cuda::FreeDevice(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  template <typename T>
-  absl::Status Upload(const std::vector<T>& host) {
-    return CudaStatus(cuda::CopyToDevice(host.data(), host.size() * sizeof(T), &ptr_), "upload");
-  }
-  template <typename T>
-  const T* get() const {
-    return static_cast<const T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
+// The ranges of the groups that some query row uses, in SubsetScan's layout.
+struct GroupRanges {
+  std::vector<int32_t> query_group;  // per query row, its index among the used groups
+  std::vector<int64_t> first_range = {0};
+  std::vector<int64_t> total;
+  std::vector<int64_t> begin, prefix;
 };
+
+GroupRanges UsedGroupRanges(const SubsetCodes& codes, const SubsetGroups& groups,
+                            absl::Span<const int32_t> row_group) {
+  GroupRanges out;
+  std::vector<int32_t> used(groups.size(), -1);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int32_t g : row_group) {
+    if (used[g] < 0) {
+      used[g] = static_cast<int32_t>(out.total.size());
+      SubsetRanges(codes, groups[g], ranges);
+      int64_t position = 0;
+      for (const auto& [begin, end] : ranges) {
+        out.begin.push_back(begin);
+        out.prefix.push_back(position);
+        position += end - begin;
+      }
+      out.first_range.push_back(static_cast<int64_t>(out.begin.size()));
+      out.total.push_back(position);
+    }
+    out.query_group.push_back(used[g]);
+  }
+  return out;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaSubsetAdc>> CudaSubsetAdc::Create(
     std::shared_ptr<const SubsetAdc> cpu) {
-  const std::vector<uint8_t>& codes = cpu->codes().codes;
-  void* device = nullptr;
+  if (cuda::DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  auto gpu = std::unique_ptr<CudaSubsetAdc>(new CudaSubsetAdc(std::move(cpu)));
+  const std::vector<uint8_t>& codes = gpu->cpu_->codes().codes;
   RETURN_IF_ERROR(
-      CudaStatus(cuda::CopyToDevice(codes.data(), codes.size(), &device), "copy subset codes"));
-  return std::unique_ptr<CudaSubsetAdc>(new CudaSubsetAdc(std::move(cpu), device));
+      CudaStatus(gpu->codes_.Upload(codes.data(), codes.size()), "copy the subset codes"));
+  const std::vector<float> centroids_t = adc_internal::TransposeCentroids(gpu->cpu_->codebook());
+  RETURN_IF_ERROR(
+      CudaStatus(gpu->centroids_t_.Upload(centroids_t.data(), centroids_t.size() * sizeof(float)),
+                 "copy the PQ centroids"));
+  return gpu;
 }
-
-CudaSubsetAdc::CudaSubsetAdc(std::shared_ptr<const SubsetAdc> cpu, void* device_codes)
-    : cpu_(std::move(cpu)), device_codes_(device_codes) {}
-
-CudaSubsetAdc::~CudaSubsetAdc() { cuda::FreeDevice(device_codes_); }
 
 absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(MatrixView<const float> queries,
                                                          const SubsetGroups& groups,
@@ -61,51 +68,34 @@ absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(MatrixView<const float>
                                                          int k) const {
   const PqCodebook& codebook = cpu_->codebook();
   RETURN_IF_ERROR(CheckSubsetSearch(codebook.dim(), queries, groups, row_group, k));
+  const GroupRanges ranges = UsedGroupRanges(cpu_->codes(), groups, row_group);
+  cuda::SubsetScan scan;
+  scan.inner_product = cpu_->metric() == Metric::kInnerProduct;
+  scan.k = k;
+  scan.num_queries = static_cast<int>(queries.rows);
+  scan.queries = queries.data;
+  scan.query_group = ranges.query_group.data();
+  scan.num_groups = static_cast<int>(ranges.total.size());
+  scan.group_first_range = ranges.first_range.data();
+  scan.group_total = ranges.total.data();
+  scan.range_begin = ranges.begin.data();
+  scan.range_prefix = ranges.prefix.data();
+  const cuda::DeviceCodes device{codebook.m, codebook.dsub,
+                                 static_cast<const uint8_t*>(codes_.get()),
+                                 static_cast<const float*>(centroids_t_.get())};
+
   SubsetResult result;
   result.neighbors = Neighbors::Missing(queries.rows, k, cpu_->metric(), /*with_values=*/false);
-  const size_t lut_floats = static_cast<size_t>(codebook.m) * PqCodebook::kCentroids;
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::vector<int64_t> rows;
-    for (int64_t r = 0; r < queries.rows; ++r) {
-      if (row_group[r] == static_cast<int32_t>(g)) rows.push_back(r);
-    }
-    if (rows.empty()) continue;
-    SubsetRanges(cpu_->codes(), groups[g], ranges);
-    std::vector<int64_t> begins, prefix;
-    int64_t total = 0;
-    for (const auto& [begin, end] : ranges) {
-      begins.push_back(begin);
-      prefix.push_back(total);
-      total += end - begin;
-    }
-    result.vectors_scanned += total;
-    if (total == 0) continue;
-    std::vector<float> luts(rows.size() * lut_floats);
-    for (size_t q = 0; q < rows.size(); ++q) {
-      cpu_->ComputeLut(queries.row(rows[q]), luts.data() + q * lut_floats);
-    }
-    DeviceBuffer device_luts, device_begins, device_prefix;
-    RETURN_IF_ERROR(device_luts.Upload(luts));
-    RETURN_IF_ERROR(device_begins.Upload(begins));
-    RETURN_IF_ERROR(device_prefix.Upload(prefix));
-    const int kept = static_cast<int>(std::min<int64_t>(k, total));
-    std::vector<float> distances(rows.size() * kept);
-    std::vector<int64_t> ids(rows.size() * kept);
-    RETURN_IF_ERROR(CudaStatus(
-        cuda::SubsetAdcSearch(
-            device_luts.get<float>(), static_cast<int>(rows.size()),
-            static_cast<const uint8_t*>(device_codes_), codebook.m, device_begins.get<int64_t>(),
-            device_prefix.get<int64_t>(), static_cast<int>(ranges.size()), total,
-            cpu_->metric() == Metric::kInnerProduct, kept, distances.data(), ids.data()),
-        "subset ADC search"));
-    for (size_t q = 0; q < rows.size(); ++q) {
-      for (int j = 0; j < kept; ++j) {
-        result.neighbors.distances[rows[q] * k + j] = distances[q * kept + j];
-        result.neighbors.ids[rows[q] * k + j] = cpu_->codes().token_begin + ids[q * kept + j];
-      }
-    }
+  std::vector<float> distances(queries.rows * k);
+  std::vector<int64_t> ids(queries.rows * k);
+  RETURN_IF_ERROR(CudaStatus(cuda::SubsetAdcSearch(device, scan, distances.data(), ids.data()),
+                             "subset ADC search"));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0) continue;
+    result.neighbors.distances[i] = distances[i];
+    result.neighbors.ids[i] = cpu_->codes().token_begin + ids[i];
   }
+  for (int64_t total : ranges.total) result.vectors_scanned += total;
   return result;
 }
 
