@@ -23,12 +23,15 @@ case $mode in
       ldd "$binary" | awk '$3 ~ /^\// {print $3}'
     done | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt)\.so' | sort -u |
       xargs -I{} cp -L {} .devrun/lib/
+    # Compressed: OpenBLAS alone is 35 MB, and what travels to the GPU machine is limited.
+    tar -C .devrun -cJf .devrun/lib.tar.xz lib && rm -r .devrun/lib
     echo "staged $(du -sh .devrun | cut -f1) in .devrun/: run .devrun/cuda-device-check.sh run there"
     ;;
   run)
     cd "$(dirname "$0")"
     out=${OUT:-$PWD/out}
     mkdir -p "$out"
+    [[ -d lib ]] || tar -xJf lib.tar.xz
     export PATH=$PATH:/usr/local/cuda/bin
     export LD_LIBRARY_PATH=$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     nvidia-smi -L || true

@@ -2,6 +2,7 @@
 //
 //   knnserve-shard --index DIR --shard ID [--listen 127.0.0.1:7000] [--metrics-listen ADDR]
 //                  [--tls-cert F --tls-key F [--tls-ca F]] [--threads N] [--batch-wait-us U]
+//                  [--subset-device cpu|cuda]
 //
 // It listens at once with health NOT_SERVING, loads and verifies the shard (sizes and SHA-256
 // from the manifest), runs a warm-up query, then reports SERVING. SIGTERM or SIGINT drains:
@@ -13,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "common/index/index_engine.h"
 #include "common/index/manifest.h"
+#include "common/index/subset_device.h"
 #include "shard/log.h"
 #include "shard/metrics_http.h"
 #include "shard/process.h"
@@ -29,6 +31,7 @@ struct ShardFlags {
   int threads = 1;
   BatcherOptions batcher;
   int64_t batch_wait_us = 1000;
+  std::string subset_device = "cpu";
 };
 
 int Run(const ShardFlags& flags) {
@@ -40,6 +43,12 @@ int Run(const ShardFlags& flags) {
   if (flags.shard_id < 0 || flags.shard_id >= static_cast<int>(manifest->shards.size())) {
     Log(LogLevel::kError, "no such shard",
         {{"shard", flags.shard_id}, {"shards", manifest->shards.size()}});
+    return 1;
+  }
+  IndexEngineOptions engine_options;
+  engine_options.threads = flags.threads;
+  if (absl::Status s = UseSubsetDevice(flags.subset_device, engine_options); !s.ok()) {
+    Log(LogLevel::kError, "bad --subset-device", {{"error", s.ToString()}});
     return 1;
   }
   MetricsRegistry metrics;
@@ -73,8 +82,6 @@ int Run(const ShardFlags& flags) {
   bool load_failed = false;
   std::thread loader([&] {
     const absl::Time start = absl::Now();
-    IndexEngineOptions engine_options;
-    engine_options.threads = flags.threads;
     absl::StatusOr<std::unique_ptr<SearchEngine>> engine =
         CreateEngine(flags.index_dir, flags.shard_id, engine_options);
     absl::Status status = engine.ok() ? backend.SetEngine(*std::move(engine)) : engine.status();
@@ -116,6 +123,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-batch-rows", flags.batcher.max_batch_rows,
                  "most query rows coalesced into one engine call")
+      ->capture_default_str();
+  app.add_option("--subset-device", flags.subset_device,
+                 "where subset ADC runs: cpu, or cuda (codes on the current GPU; CUDA builds)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   flags.server.InitLogging("shard");

@@ -57,8 +57,20 @@ struct SubsetResult {
   int64_t vectors_scanned = 0;
 };
 
+// What an engine needs of a subset ADC engine, on the CPU (SubsetAdc) or a GPU (CudaSubsetAdc).
+// Thread-safety: implementations are immutable; SearchSubset is const and safe from many threads.
+class SubsetSearcher {
+ public:
+  virtual ~SubsetSearcher() = default;
+  // As SubsetAdc::SearchSubset.
+  virtual absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
+                                                    const SubsetGroups& groups,
+                                                    absl::Span<const int32_t> row_group,
+                                                    int k) const = 0;
+};
+
 // Thread-safety: immutable after Create; SearchSubset is const and safe from many threads.
-class SubsetAdc {
+class SubsetAdc : public SubsetSearcher {
  public:
   struct Options {
     int threads = 1;                     // OpenMP threads across subset groups
@@ -71,7 +83,7 @@ class SubsetAdc {
   // Checks that the codes match the codebook and the offsets are consistent.
   static absl::StatusOr<std::unique_ptr<SubsetAdc>> Create(PqCodebook codebook, Metric metric,
                                                            SubsetCodes codes, Options options);
-  ~SubsetAdc();
+  ~SubsetAdc() override;
 
   // queries: rows x codebook().dim(), already passed through the quantizer's transform.
   // Row r may match the tokens of the sentences groups[row_group[r]] (global sentence ids,
@@ -80,7 +92,8 @@ class SubsetAdc {
   // ADC approximations (squared L2 or inner product in the transformed space).
   absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
                                             const SubsetGroups& groups,
-                                            absl::Span<const int32_t> row_group, int k) const;
+                                            absl::Span<const int32_t> row_group,
+                                            int k) const override;
 
   // The m x 256 table of `query` (codebook().dim() floats): per sub-quantizer and centroid, the
   // squared L2 distance (or inner product) of the query's sub-vector to the centroid.

@@ -32,7 +32,8 @@ absl::Status CheckQuery(const EngineInfo& info, const SearchQuery& query) {
 class ShardEngine : public SearchEngine {
  public:
   ShardEngine(EngineInfo info, std::unique_ptr<FaissIndex> index, std::vector<int32_t> values,
-              std::shared_ptr<const SubsetQuantizer> quantizer, std::unique_ptr<SubsetAdc> adc)
+              std::shared_ptr<const SubsetQuantizer> quantizer,
+              std::unique_ptr<const SubsetSearcher> adc)
       : info_(std::move(info)),
         index_(std::move(index)),
         values_(std::move(values)),
@@ -78,7 +79,7 @@ class ShardEngine : public SearchEngine {
   const std::unique_ptr<FaissIndex> index_;
   const std::vector<int32_t> values_;
   const std::shared_ptr<const SubsetQuantizer> quantizer_;
-  const std::unique_ptr<SubsetAdc> adc_;
+  const std::unique_ptr<const SubsetSearcher> adc_;
 };
 
 // Several shards searched one after the other (each uses all threads) and merged.
@@ -182,11 +183,17 @@ absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexMan
 absl::StatusOr<std::unique_ptr<SearchEngine>> MakeShardEngine(
     ShardParts parts, std::shared_ptr<const SubsetQuantizer> quantizer,
     const IndexManifest& manifest, const IndexEngineOptions& options) {
-  std::unique_ptr<SubsetAdc> adc;
+  std::unique_ptr<const SubsetSearcher> adc;
   if (parts.codes) {
     ASSIGN_OR_RETURN(
-        adc, SubsetAdc::Create(quantizer->codebook(), manifest.metric, *std::move(parts.codes),
-                               {options.threads, options.adc_kernel}));
+        std::unique_ptr<SubsetAdc> cpu,
+        SubsetAdc::Create(quantizer->codebook(), manifest.metric, *std::move(parts.codes),
+                          {options.threads, options.adc_kernel}));
+    if (options.subset_searcher) {
+      ASSIGN_OR_RETURN(adc, options.subset_searcher(std::move(cpu)));
+    } else {
+      adc = std::move(cpu);
+    }
   }
   return std::make_unique<ShardEngine>(
       std::move(parts.info), std::move(parts.index), std::move(parts.values),

@@ -7,6 +7,7 @@
 #ifndef KNNSERVE_COMMON_INDEX_INDEX_ENGINE_H_
 #define KNNSERVE_COMMON_INDEX_INDEX_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,12 +17,21 @@
 
 namespace knnserve {
 
+class SubsetAdc;
+class SubsetSearcher;
+
 struct IndexEngineOptions {
   int threads = 1;  // OpenMP threads per search (faiss and subset ADC)
   AdcKernel adc_kernel = BestAdcKernel();
   // CreateLocalEngine: shards whose IVF-PQ lists IvfAdc scans become one engine (one coarse
   // search and one table per query and list for all of them; identical answers).
   bool merge_shards = true;
+  // When set, each engine's subset ADC (the CPU engine over its shard's codes) is handed to this
+  // function and searched through what it returns, e.g. a CudaSubsetAdc holding the codes on a
+  // GPU (common/adc/cuda; shard/main.cc's --subset-device). Left unset: the CPU engine.
+  std::function<absl::StatusOr<std::unique_ptr<const SubsetSearcher>>(
+      std::shared_ptr<const SubsetAdc>)>
+      subset_searcher;
 };
 
 // The engine of shard `shard_id` of the index in `dir`.

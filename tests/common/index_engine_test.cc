@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/index/builder.h"
 #include "common/index/faiss_index.h"
+#include "common/index/subset_device.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -463,6 +464,24 @@ TEST(IndexEngine, MergedShardListsEqualShardByShardMerge) {
         *by_shard, *merged,
         testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/5, 25));
   }
+}
+
+// --subset-device: cpu leaves the CPU engine; cuda sets the GPU searcher in CUDA builds and is
+// refused, naming the missing build option, in others; any other name is refused.
+TEST(SubsetDevice, CpuCudaOrAnErrorNamingTheProblem) {
+  IndexEngineOptions options;
+  ASSERT_OK(UseSubsetDevice("cpu", options));
+  EXPECT_FALSE(options.subset_searcher);
+  EXPECT_THAT(UseSubsetDevice("gpu", options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected cpu or cuda")));
+#ifdef KNNSERVE_WITH_CUDA
+  ASSERT_OK(UseSubsetDevice("cuda", options));
+  EXPECT_TRUE(options.subset_searcher);
+#else
+  EXPECT_THAT(UseSubsetDevice("cuda", options),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("KNNSERVE_WITH_CUDA=ON")));
+  EXPECT_FALSE(options.subset_searcher);
+#endif
 }
 
 TEST(IndexEngine, SubsetSearchNeedsSubsetCodes) {

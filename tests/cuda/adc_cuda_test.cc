@@ -7,9 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/adc/cuda/cuda_subset_adc.h"
 #include "common/adc/subset_adc.h"
+#include "common/index/builder.h"
+#include "common/index/subset_device.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/index_test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve {
 namespace {
@@ -41,17 +45,18 @@ struct Fixture {
     for (uint8_t& c : codes.codes) c = static_cast<uint8_t>(ties ? rng() % 3 : rng() % 256);
     const int64_t sentences = codes.num_sentences();
     // Group 0: a few sentences; 1: unused by any row; 2: hundreds, some outside the slice
-    // (another shard's); 3: only sentences outside the slice.
-    groups.resize(4);
+    // (another shard's); 3: only sentences outside the slice; 4: all of the slice.
+    groups.resize(5);
     for (int s = 0; s < 5; ++s) groups[0].push_back(100 + rng() % sentences);
     for (int s = 0; s < 50; ++s) groups[1].push_back(100 + rng() % sentences);
     for (int s = 0; s < 400; ++s) groups[2].push_back(rng() % (sentences + 200));
     groups[3] = {0, 1, 2, 99, 100 + sentences, 100 + sentences + 7};
+    for (int64_t i = 0; i < sentences; ++i) groups[4].push_back(100 + i);
     for (auto& g : groups) {
       std::sort(g.begin(), g.end());
       g.erase(std::unique(g.begin(), g.end()), g.end());
     }
-    row_group = {2, 0, 2, 2, 3, 2, 2, 0, 2};
+    row_group = {2, 0, 2, 2, 3, 2, 2, 0, 2, 4, 4};
     queries.resize(row_group.size() * codebook.dim());
     for (float& x : queries) x = 2 * normal(rng);
   }
@@ -71,7 +76,7 @@ void ExpectSameAnswer(const SubsetResult& got, const SubsetResult& want) {
 }
 
 // Same ids and the same distance bits as the CPU's exact scan, for both metrics, k from 1 to
-// more than a group holds, M a multiple of 16 (vector loads), not (byte loads and a partial last
+// more than a group holds (k = 1000 over all 20000 tokens takes a reduction pass), M a multiple of 16 (vector loads), not (byte loads and a partial last
 // chunk), and too large for shared memory (m = 256: tables read from global memory).
 TEST(CudaSubsetAdc, EqualsTheCpuExactScanBitForBit) {
   SKIP_WITHOUT_CUDA_DEVICE();
@@ -84,7 +89,7 @@ TEST(CudaSubsetAdc, EqualsTheCpuExactScanBitForBit) {
             std::shared_ptr<const SubsetAdc> cpu,
             SubsetAdc::Create(f.codebook, metric, f.codes, {1, AdcKernel::kScalar}));
         ASSERT_OK_AND_ASSIGN(auto gpu, CudaSubsetAdc::Create(cpu));
-        for (int k : {1, 7, 64, 3000}) {
+        for (int k : {1, 7, 64, 1000, 3000}) {
           SCOPED_TRACE(
               absl::StrCat("m=", m, " ", MetricName(metric), " k=", k, ties ? " ties" : ""));
           ASSERT_OK_AND_ASSIGN(SubsetResult want,
@@ -137,6 +142,43 @@ TEST(CudaSubsetAdc, RejectsWhatTheCpuEngineRejects) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimension 3")));
   EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 4}, {{0}}, std::vector<int32_t>{0}, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k")));
+}
+
+// Engines whose subset ADC runs on the GPU (--subset-device cuda) answer subset searches as the
+// CPU engines do (ids, distances, values, codes scanned): one shard of two, and both shards
+// merged in-process.
+TEST(SubsetDevice, CudaEnginesAnswerAsCpuEngines) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const testing::Datastore data = testing::MakeDatastore(6000, 16, 24, 7);
+  const std::string dir = testing::FreshTempDir("subset_device_cuda").string();
+  IndexBuildOptions build;
+  build.factory = "OPQ4_16,IVF16,PQ4";
+  build.shards = 2;
+  build.train_size = 2600;
+  build.opq_iterations = 4;
+  build.progress.out = nullptr;
+  MatrixKeySource keys(data.keys.view());
+  const MemoryValueSource values(data.values);
+  ASSERT_OK(BuildIndex(keys, &values, build, dir).status());
+  IndexEngineOptions cpu_options{.threads = 2};
+  IndexEngineOptions gpu_options{.threads = 2};
+  ASSERT_OK(UseSubsetDevice("cuda", gpu_options));
+  const Matrix<float> q = testing::MakeQueries(data.keys, 20, 3);
+  const SearchQuery query =
+      testing::SubsetQuery(q, 10, data.values.num_sentences(), 60, /*beam=*/5, 4);
+  ASSERT_OK_AND_ASSIGN(auto cpu_shard, CreateEngine(dir, 1, cpu_options));
+  ASSERT_OK_AND_ASSIGN(auto gpu_shard, CreateEngine(dir, 1, gpu_options));
+  ASSERT_OK_AND_ASSIGN(auto cpu_local, CreateLocalEngine(dir, cpu_options));
+  ASSERT_OK_AND_ASSIGN(auto gpu_local, CreateLocalEngine(dir, gpu_options));
+  for (auto [cpu, gpu] :
+       {std::pair{cpu_shard.get(), gpu_shard.get()}, std::pair{cpu_local.get(), gpu_local.get()}}) {
+    ASSERT_OK_AND_ASSIGN(EngineResult want, cpu->Search(query));
+    ASSERT_OK_AND_ASSIGN(EngineResult got, gpu->Search(query));
+    EXPECT_EQ(got.neighbors.ids, want.neighbors.ids);
+    EXPECT_EQ(got.neighbors.distances, want.neighbors.distances);
+    EXPECT_EQ(got.neighbors.values, want.neighbors.values);
+    EXPECT_EQ(got.vectors_searched, want.vectors_searched);
+  }
 }
 
 }  // namespace

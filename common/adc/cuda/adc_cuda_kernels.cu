@@ -1,20 +1,20 @@
 // CUDA subset ADC (see adc_cuda_kernels.h).
 //
-// One call is four kernels on the calling thread's per-thread stream:
-//  0. tables: one block per (query, sub-quantizer), one thread per centroid, LutScalar's
+// One call runs these kernels on the calling thread's per-thread stream:
+//  1. positions: the local token of every position of every group, from the groups' ranges;
+//  2. tables: one block per (query, sub-quantizer), one thread per centroid, LutScalar's
 //     operations in its order (__fsub_rn/__fmul_rn/__fadd_rn: never contracted to an FMA);
-//  1. tiles: a block per (tile of kTile positions, query); the block first copies its query's
-//     table to shared memory (64 KiB at m = 64), then each thread finds the tokens of its
-//     positions by binary search over the group's range prefixes and sums the table entries of
-//     each token's code in the CPU's canonical order (__fadd_rn: no contraction, so the sums
-//     equal the CPU's); the block sorts its tile by (distance, position) in shared memory and
-//     writes only its best min(k, kTile) as candidates;
-//  2. one stable segmented radix sort of each query's candidates (CUB): candidates are laid out
-//     in position order, so ties keep ascending tokens;
-//  3. a gather of each query's first k into the q x k answer.
-// Only the candidates (k per 2048 positions) reach global memory and the device-wide sort.
-// The host inputs travel in one copy and every device buffer of the call is carved from one
-// stream-ordered allocation, so a call costs one allocation, one copy each way and one sync.
+//  3. tiles: a block per (tile of kTile positions, query) copies the query's table to shared
+//     memory (64 KiB at m = 64), sums the table entries of each position's code in the CPU's
+//     canonical order (__fadd_rn, so the sums equal the CPU's), sorts the tile by (distance,
+//     position) in shared memory and keeps its best min(k, kTile) as the query's candidates;
+//  4. reductions, while a query has many candidates: the same block sort over kTile candidates
+//     at a time keeps the best min(k, kTile) of each chunk;
+//  5. one stable segmented radix sort of each query's remaining candidates (CUB), then a gather
+//     of each query's first k.
+// Candidates stay in position order wherever their distances tie, so ties rank by ascending
+// token as on the CPU. Host inputs travel in one copy from page-locked memory, and every device
+// buffer of a call is carved from one stream-ordered allocation.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,13 +32,27 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxGridY = 65535;
 constexpr size_t kAlign = 256;
+// Positions per block: a block reads its query's table (m KiB) once for kTile codes (kTile * m
+// bytes), so the table costs an eighth of the code traffic.
+constexpr int kItems = 8;
+constexpr int kTile = kItems * kThreads;
+constexpr int kTileBits = 11;  // kTile == 1 << kTileBits
+static_assert(kTile == 1 << kTileBits);
+// Sort keys are (ordered distance bits) << kTileBits | offset in the tile or chunk; a key with
+// every bit of that range set pads missing entries (no finite distance orders that high).
+constexpr int kKeyBits = 32 + kTileBits;
+constexpr uint64_t kPadKey = (uint64_t{1} << kKeyBits) - 1;
+// Candidates per query above which another reduction pass runs before the device-wide sort
+// (which sorts a large segment with one block).
+constexpr int64_t kFinalSortLimit = 4 * kTile;
+
+using BlockSort = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
 
 std::string ErrorText(cudaError_t e) { return e == cudaSuccess ? "" : cudaGetErrorString(e); }
 
 size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// Consecutive aligned slices of one buffer: Add() reserves, then Bind() hands out pointers into
-// the buffer in the same order.
+// Consecutive aligned slices of one buffer: Add() reserves and returns the slice's offset.
 class Layout {
  public:
   template <typename T>
@@ -52,6 +66,11 @@ class Layout {
  private:
   size_t bytes_ = 0;
 };
+
+template <typename T>
+T* At(char* base, size_t at) {
+  return reinterpret_cast<T*>(base + at);
+}
 
 // Sums one code's table entries into the 16 canonical partials, then folds them as the CPU does.
 __device__ float CodeDistance(const float* lut, const uint8_t* code, int m_count) {
@@ -91,18 +110,17 @@ __device__ float CodeDistance(const float* lut, const uint8_t* code, int m_count
   return __fadd_rn(acc[0], acc[1]) + 0.0f;
 }
 
-// Device copies of SubsetScan's arrays, plus each query's row offset in the sort buffers.
+// What the tile kernel reads, in device memory.
 struct DeviceScan {
   int m_count;
   int num_queries;
   const float* luts;                // num_queries x m_count x 256, written by LutKernel
   int kept_per_tile;                // min(k, kTile)
-  const int64_t* candidate_offset;  // num_queries + 1: query q's candidates in [off[q], off[q+1])
+  const int64_t* candidate_offset;  // num_queries + 1: query q's candidates [off[q], off[q + 1])
   const int32_t* query_group;
-  const int64_t* group_first_range;
-  const int64_t* group_total;
-  const int64_t* range_begin;
-  const int64_t* range_prefix;
+  // Group g's positions are tokens[group_position[g] .. group_position[g + 1] - 1].
+  const int64_t* group_position;  // num_groups + 1
+  const int64_t* tokens;          // local token of every position of every group
 };
 
 // lut[q][m * 256 + c], as LutScalar computes it.
@@ -124,29 +142,23 @@ __global__ void LutKernel(const float* __restrict__ queries, const float* __rest
   luts[(q * m_count + m) * 256 + c] = acc;
 }
 
-// Positions per block: a block reads its query's table (m KiB) once for kTile codes (kTile * m
-// bytes), so the table costs an eighth of the code traffic.
-constexpr int kItems = 8;
-constexpr int kTile = kItems * kThreads;
-constexpr int kTileBits = 11;  // kTile == 1 << kTileBits
-static_assert(kTile == 1 << kTileBits);
-// Sort keys are (ordered distance bits) << kTileBits | position in the tile; a key with every
-// bit of that range set pads a tile's missing positions (no finite distance orders that high).
-constexpr int kKeyBits = 32 + kTileBits;
-constexpr uint64_t kPadKey = (uint64_t{1} << kKeyBits) - 1;
-
-// The local token at position p of group g: the group's last range starting at or before p.
-__device__ int64_t TokenAt(const DeviceScan& scan, int g, int64_t p) {
-  int64_t lo = scan.group_first_range[g], hi = scan.group_first_range[g + 1] - 1;
+// tokens[p] for every flattened position p < num_positions: range r (the last whose start is at
+// or before p; starts ascend strictly) holds tokens range_begin[r], range_begin[r] + 1, ...
+__global__ void ExpandPositionsKernel(const int64_t* __restrict__ range_begin,
+                                      const int64_t* __restrict__ range_start, int64_t num_ranges,
+                                      int64_t num_positions, int64_t* __restrict__ tokens) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= num_positions) return;
+  int64_t lo = 0, hi = num_ranges - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (scan.range_prefix[mid] <= p) {
+    if (range_start[mid] <= p) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  return scan.range_begin[lo] + (p - scan.range_prefix[lo]);
+  tokens[p] = range_begin[lo] + (p - range_start[lo]);
 }
 
 // Float bits mapped so that unsigned order is rank order: ascending distance (L2) or
@@ -162,23 +174,43 @@ __device__ float RankedDistance(uint32_t bits, bool descending) {
   return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
 }
 
+// Sorts the block's keys (kItems per thread; (rank bits) << kTileBits | offset, or kPadKey) and
+// writes the best `kept` in rank order: the distance and offset_tokens[offset], or (pad, -1).
+// Keys are distinct (the offset is in them), so the order is exactly (rank, offset).
+__device__ void KeepBest(typename BlockSort::TempStorage& storage, uint64_t (&keys)[kItems],
+                         int kept, bool descending, float pad, const int64_t* offset_tokens,
+                         float* out_distances, int64_t* out_tokens) {
+  BlockSort(storage).Sort(keys, 0, kKeyBits);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int rank = threadIdx.x * kItems + i;  // blocked after the sort
+    if (rank >= kept) continue;
+    if (keys[i] == kPadKey) {
+      out_distances[rank] = pad;
+      out_tokens[rank] = -1;
+    } else {
+      out_distances[rank] = RankedDistance(static_cast<uint32_t>(keys[i] >> kTileBits), descending);
+      out_tokens[rank] = offset_tokens[keys[i] & (kTile - 1)];
+    }
+  }
+}
+
 // Block (x, y) scores positions [x * kTile, (x + 1) * kTile) for queries y, y + gridDim.y, ...
-// and writes each query's best kept_per_tile of them (ties by position) to its candidates
-// [candidate_offset[q] + x * kept_per_tile, + kept_per_tile): distance and local token, or
-// distance `pad` and token -1 past the group's last position.
+// and writes each query's best kept_per_tile of them to its candidates
+// [candidate_offset[q] + x * kept_per_tile, + kept_per_tile) (pads past the group's end).
 // kSharedLut: the query's table is staged in dynamic shared memory (else read from global
 // memory, for tables larger than a block's shared memory).
 template <bool kSharedLut>
 __global__ void TileKernel(const uint8_t* __restrict__ codes, DeviceScan scan, bool descending,
                            float pad, float* __restrict__ distances, int64_t* __restrict__ tokens) {
-  using BlockSort = cub::BlockRadixSort<uint64_t, kThreads, kItems>;
   __shared__ typename BlockSort::TempStorage sort_storage;
   extern __shared__ float shared_lut[];
   const int64_t tile_begin = static_cast<int64_t>(blockIdx.x) * kTile;
   const int lut_floats = scan.m_count * 256;
   for (int q = blockIdx.y; q < scan.num_queries; q += gridDim.y) {
     const int g = scan.query_group[q];
-    const int64_t total = scan.group_total[g];
+    const int64_t* tile_tokens = scan.tokens + scan.group_position[g] + tile_begin;
+    const int64_t total = scan.group_position[g + 1] - scan.group_position[g];
     // Block-uniform: the whole block skips or the whole block reaches the barriers.
     if (tile_begin >= total) continue;
     __syncthreads();  // the previous query's table and sort storage are no longer read
@@ -196,31 +228,47 @@ __global__ void TileKernel(const uint8_t* __restrict__ codes, DeviceScan scan, b
       const int offset = i * kThreads + threadIdx.x;
       keys[i] = kPadKey;
       if (offset < valid) {
-        const int64_t token = TokenAt(scan, g, tile_begin + offset);
-        const float d = CodeDistance(lut, codes + token * scan.m_count, scan.m_count);
+        const float d = CodeDistance(lut, codes + tile_tokens[offset] * scan.m_count, scan.m_count);
         keys[i] = static_cast<uint64_t>(RankBits(d, descending)) << kTileBits | offset;
       }
     }
-    // Keys are distinct (the position is in them), so the order is exactly (rank, position).
-    BlockSort(sort_storage).Sort(keys, 0, kKeyBits);
-    float* out_distances = distances + scan.candidate_offset[q] +
-                           blockIdx.x * static_cast<int64_t>(scan.kept_per_tile);
-    int64_t* out_tokens =
-        tokens + scan.candidate_offset[q] + blockIdx.x * static_cast<int64_t>(scan.kept_per_tile);
+    const int64_t out =
+        scan.candidate_offset[q] + blockIdx.x * static_cast<int64_t>(scan.kept_per_tile);
+    KeepBest(sort_storage, keys, scan.kept_per_tile, descending, pad, tile_tokens, distances + out,
+             tokens + out);
+  }
+}
+
+// One reduction pass: block (x, y) keeps the best `kept` of candidates
+// [in_offset[q] + x * kTile, + kTile) of queries q = y, y + gridDim.y, ... at
+// out_offset[q] + x * kept (pads, token -1, rank last).
+__global__ void ReduceKernel(const float* __restrict__ in_distances,
+                             const int64_t* __restrict__ in_tokens,
+                             const int64_t* __restrict__ in_offset,
+                             const int64_t* __restrict__ out_offset, int num_queries, int kept,
+                             bool descending, float pad, float* __restrict__ out_distances,
+                             int64_t* __restrict__ out_tokens) {
+  __shared__ typename BlockSort::TempStorage sort_storage;
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int q = blockIdx.y; q < num_queries; q += gridDim.y) {
+    const int64_t first = in_offset[q] + chunk_begin;
+    const int64_t valid = min(static_cast<int64_t>(kTile), in_offset[q + 1] - first);
+    if (valid <= 0) continue;  // block-uniform
+    __syncthreads();           // the previous query's sort storage is no longer read
+    uint64_t keys[kItems];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
-      const int rank = threadIdx.x * kItems + i;  // blocked after the sort
-      if (rank >= scan.kept_per_tile) continue;
-      if (keys[i] == kPadKey) {
-        out_distances[rank] = pad;
-        out_tokens[rank] = -1;
-      } else {
-        const int offset = static_cast<int>(keys[i] & (kTile - 1));
-        out_distances[rank] =
-            RankedDistance(static_cast<uint32_t>(keys[i] >> kTileBits), descending);
-        out_tokens[rank] = TokenAt(scan, g, tile_begin + offset);
+      const int offset = i * kThreads + threadIdx.x;
+      keys[i] = kPadKey;
+      if (offset < valid && in_tokens[first + offset] >= 0) {
+        keys[i] = static_cast<uint64_t>(RankBits(in_distances[first + offset], descending))
+                      << kTileBits |
+                  offset;
       }
     }
+    const int64_t out = out_offset[q] + blockIdx.x * static_cast<int64_t>(kept);
+    KeepBest(sort_storage, keys, kept, descending, pad, in_tokens + first, out_distances + out,
+             out_tokens + out);
   }
 }
 
@@ -265,14 +313,92 @@ cudaError_t SortRows(void* temp, size_t& temp_bytes, const float* keys_in, float
                                                    stream);
 }
 
-template <typename T>
-T* At(char* base, size_t at) {
-  return reinterpret_cast<T*>(base + at);
+// The tile kernel with the table in shared memory when it fits there (with the sort storage),
+// else read from global memory.
+cudaError_t LaunchTiles(const DeviceCodes& codes, const DeviceScan& scan, int64_t max_tiles,
+                        bool descending, float pad, float* distances, int64_t* tokens,
+                        cudaStream_t stream) {
+  int device = 0, shared_limit = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  cudaFuncAttributes shared_lut_kernel;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&shared_lut_kernel, TileKernel<true>);
+  if (e != cudaSuccess) return e;
+  const size_t lut_bytes = static_cast<size_t>(codes.m_count) * 256 * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(max_tiles), std::min(scan.num_queries, kMaxGridY));
+  if (lut_bytes + shared_lut_kernel.sharedSizeBytes <= static_cast<size_t>(shared_limit)) {
+    e = cudaFuncSetAttribute(TileKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(lut_bytes));
+    if (e != cudaSuccess) return e;
+    TileKernel<true><<<grid, kThreads, lut_bytes, stream>>>(codes.codes, scan, descending, pad,
+                                                            distances, tokens);
+  } else {
+    TileKernel<false>
+        <<<grid, kThreads, 0, stream>>>(codes.codes, scan, descending, pad, distances, tokens);
+  }
+  return cudaGetLastError();
 }
 
+// Page-locked host memory kept per thread between calls: copies from it are asynchronous and
+// run at the link's speed (from pageable memory the driver stages them through its own buffer).
+class PinnedStaging {
+ public:
+  ~PinnedStaging() { cudaFreeHost(data_); }
+
+  // The buffer, at least `bytes` long; null on failure (`error` set).
+  char* Reserve(size_t bytes, cudaError_t& error) {
+    if (bytes > capacity_) {
+      cudaFreeHost(data_);
+      data_ = nullptr;
+      capacity_ = 0;
+      const size_t grown = std::max(bytes, 2 * capacity_);
+      error = cudaMallocHost(reinterpret_cast<void**>(&data_), grown);
+      if (error != cudaSuccess) return nullptr;
+      capacity_ = grown;
+    }
+    return data_;
+  }
+
+ private:
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 template <typename T>
-void Append(std::vector<char>& staging, size_t at, const T* data, size_t count) {
-  if (count > 0) std::memcpy(staging.data() + at, data, count * sizeof(T));
+void Put(char* staging, size_t at, const T* data, size_t count) {
+  if (count > 0) std::memcpy(staging + at, data, count * sizeof(T));
+}
+
+// The largest count of candidates [offsets[q], offsets[q + 1]) of a query.
+int64_t MostCandidates(const std::vector<int64_t>& offsets) {
+  int64_t most = 0;
+  for (size_t q = 0; q + 1 < offsets.size(); ++q)
+    most = std::max(most, offsets[q + 1] - offsets[q]);
+  return most;
+}
+
+// Candidate offsets of each selection level: level 0 the tiles' (per query, kept per tile of
+// its positions), each next level one reduction pass over kTile-candidate chunks, until no
+// query has more than kFinalSortLimit or a pass would not shrink them.
+std::vector<std::vector<int64_t>> CandidateLevels(const SubsetScan& scan, int kept) {
+  const int nq = scan.num_queries;
+  std::vector<std::vector<int64_t>> levels(1, std::vector<int64_t>(nq + 1, 0));
+  for (int q = 0; q < nq; ++q) {
+    const int64_t tiles = (scan.group_total[scan.query_group[q]] + kTile - 1) / kTile;
+    levels[0][q + 1] = levels[0][q] + tiles * kept;
+  }
+  while (MostCandidates(levels.back()) > kFinalSortLimit) {
+    std::vector<int64_t> next(nq + 1, 0);
+    const std::vector<int64_t>& last = levels.back();
+    for (int q = 0; q < nq; ++q) {
+      next[q + 1] = next[q] + (last[q + 1] - last[q] + kTile - 1) / kTile * kept;
+    }
+    if (MostCandidates(next) >= MostCandidates(last)) break;
+    levels.push_back(std::move(next));
+  }
+  return levels;
 }
 
 }  // namespace
@@ -305,17 +431,25 @@ std::string DeviceBuffer::Upload(const void* host, size_t bytes) {
 std::string SubsetAdcSearch(const DeviceCodes& codes, const SubsetScan& scan, float* distances,
                             int64_t* ids) {
   const int nq = scan.num_queries, k = scan.k;
+  const bool descending = scan.inner_product;
+  const float pad = descending ? -INFINITY : INFINITY;
+  const int kept = std::min(k, kTile);
   const int64_t num_ranges = scan.group_first_range[scan.num_groups];
-  const int kept_per_tile = std::min(k, kTile);
-  std::vector<int64_t> candidate_offset(nq + 1, 0);
-  int64_t max_tiles = 0;
-  for (int q = 0; q < nq; ++q) {
-    const int64_t tiles = (scan.group_total[scan.query_group[q]] + kTile - 1) / kTile;
-    candidate_offset[q + 1] = candidate_offset[q] + tiles * kept_per_tile;
-    max_tiles = std::max(max_tiles, tiles);
+  // The groups' positions flattened, group after group, and where each range starts in them.
+  std::vector<int64_t> group_position(scan.num_groups + 1, 0), range_start(num_ranges + 1, 0);
+  int64_t max_total = 0;
+  for (int g = 0; g < scan.num_groups; ++g) {
+    group_position[g + 1] = group_position[g] + scan.group_total[g];
+    max_total = std::max(max_total, scan.group_total[g]);
+    for (int64_t r = scan.group_first_range[g]; r < scan.group_first_range[g + 1]; ++r) {
+      range_start[r] = group_position[g] + scan.range_prefix[r];
+    }
   }
-  const int64_t n = candidate_offset[nq];
-  if (n == 0) {
+  const int64_t num_positions = group_position[scan.num_groups];
+  range_start[num_ranges] = num_positions;
+  const std::vector<std::vector<int64_t>> levels = CandidateLevels(scan, kept);
+  const int64_t n0 = levels[0][nq], n_last = levels.back()[nq];
+  if (n0 == 0) {
     std::fill(ids, ids + static_cast<int64_t>(nq) * k, -1);
     return "";
   }
@@ -323,113 +457,105 @@ std::string SubsetAdcSearch(const DeviceCodes& codes, const SubsetScan& scan, fl
   const cudaStream_t stream = cudaStreamPerThread;
 
   // Host inputs, staged in the layout of the device buffer's first part.
-  const int dim = codes.m_count * codes.dsub;
-  const size_t query_floats = static_cast<size_t>(nq) * dim;
-  Layout in;
-  const size_t at_queries = in.Add<float>(query_floats);
-  const size_t at_candidates = in.Add<int64_t>(nq + 1);
-  const size_t at_query_group = in.Add<int32_t>(nq);
-  const size_t at_first_range = in.Add<int64_t>(scan.num_groups + 1);
-  const size_t at_group_total = in.Add<int64_t>(scan.num_groups);
-  const size_t at_range_begin = in.Add<int64_t>(num_ranges);
-  const size_t at_range_prefix = in.Add<int64_t>(num_ranges);
-  std::vector<char> staging(in.bytes());
-  Append(staging, at_queries, scan.queries, query_floats);
-  Append(staging, at_candidates, candidate_offset.data(), nq + 1);
-  Append(staging, at_query_group, scan.query_group, nq);
-  Append(staging, at_first_range, scan.group_first_range, scan.num_groups + 1);
-  Append(staging, at_group_total, scan.group_total, scan.num_groups);
-  Append(staging, at_range_begin, scan.range_begin, num_ranges);
-  Append(staging, at_range_prefix, scan.range_prefix, num_ranges);
+  const size_t query_floats = static_cast<size_t>(nq) * codes.m_count * codes.dsub;
+  Layout layout;
+  const size_t at_queries = layout.Add<float>(query_floats);
+  const size_t at_query_group = layout.Add<int32_t>(nq);
+  const size_t at_group_position = layout.Add<int64_t>(scan.num_groups + 1);
+  const size_t at_range_begin = layout.Add<int64_t>(num_ranges);
+  const size_t at_range_start = layout.Add<int64_t>(num_ranges + 1);
+  std::vector<size_t> at_levels;
+  for (size_t l = 0; l < levels.size(); ++l) at_levels.push_back(layout.Add<int64_t>(nq + 1));
+  const size_t input_bytes = layout.bytes();
+  cudaError_t e = cudaSuccess;
+  thread_local PinnedStaging pinned;
+  char* staging = pinned.Reserve(input_bytes, e);
+  if (staging == nullptr) return ErrorText(e);
+  Put(staging, at_queries, scan.queries, query_floats);
+  Put(staging, at_query_group, scan.query_group, nq);
+  Put(staging, at_group_position, group_position.data(), scan.num_groups + 1);
+  Put(staging, at_range_begin, scan.range_begin, num_ranges);
+  Put(staging, at_range_start, range_start.data(), num_ranges + 1);
+  for (size_t l = 0; l < levels.size(); ++l) Put(staging, at_levels[l], levels[l].data(), nq + 1);
 
+  // Device-only buffers: tables, tokens of positions, two candidate buffers used in turn by the
+  // levels (level 0 and even levels in the first), the final sort's output and scratch.
+  const int64_t n1 = levels.size() > 1 ? levels[1][nq] : 0;
   size_t sort_bytes = 0;
-  if (cudaError_t e = SortRows(nullptr, sort_bytes, nullptr, nullptr, nullptr, nullptr, n, nq,
-                               nullptr, scan.inner_product, stream);
-      e != cudaSuccess) {
-    return ErrorText(e);
-  }
-  Layout all = in;
-  const size_t at_luts = all.Add<float>(static_cast<size_t>(nq) * codes.m_count * 256);
-  const size_t at_keys = all.Add<float>(n), at_sorted_keys = all.Add<float>(n);
-  const size_t at_tokens = all.Add<int64_t>(n), at_sorted_tokens = all.Add<int64_t>(n);
-  const size_t at_out_distances = all.Add<float>(static_cast<size_t>(nq) * k);
-  const size_t at_out_ids = all.Add<int64_t>(static_cast<size_t>(nq) * k);
-  const size_t at_sort = all.Add<char>(sort_bytes);
+  e = SortRows(nullptr, sort_bytes, nullptr, nullptr, nullptr, nullptr, n_last, nq, nullptr,
+               descending, stream);
+  if (e != cudaSuccess) return ErrorText(e);
+  const size_t at_luts = layout.Add<float>(static_cast<size_t>(nq) * codes.m_count * 256);
+  const size_t at_position_tokens = layout.Add<int64_t>(num_positions);
+  const size_t at_distances[2] = {layout.Add<float>(n0), layout.Add<float>(n1)};
+  const size_t at_tokens[2] = {layout.Add<int64_t>(n0), layout.Add<int64_t>(n1)};
+  const size_t at_sorted_distances = layout.Add<float>(n_last);
+  const size_t at_sorted_tokens = layout.Add<int64_t>(n_last);
+  const size_t at_out_distances = layout.Add<float>(static_cast<size_t>(nq) * k);
+  const size_t at_out_ids = layout.Add<int64_t>(static_cast<size_t>(nq) * k);
+  const size_t at_sort = layout.Add<char>(sort_bytes);
 
   char* base = nullptr;
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&base), all.bytes(), stream);
-      e != cudaSuccess) {
-    return ErrorText(e);
+  e = cudaMallocAsync(reinterpret_cast<void**>(&base), layout.bytes(), stream);
+  if (e != cudaSuccess) return ErrorText(e);
+  e = cudaMemcpyAsync(base, staging, input_bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) {
+    ExpandPositionsKernel<<<static_cast<unsigned>((num_positions + kThreads - 1) / kThreads),
+                            kThreads, 0, stream>>>(
+        At<int64_t>(base, at_range_begin), At<int64_t>(base, at_range_start), num_ranges,
+        num_positions, At<int64_t>(base, at_position_tokens));
+    e = cudaGetLastError();
   }
-  float* keys = At<float>(base, at_keys);
-  float* sorted_keys = At<float>(base, at_sorted_keys);
-  int64_t* tokens = At<int64_t>(base, at_tokens);
-  int64_t* sorted_tokens = At<int64_t>(base, at_sorted_tokens);
-  float* out_distances = At<float>(base, at_out_distances);
-  int64_t* out_ids = At<int64_t>(base, at_out_ids);
-  const int64_t* candidates = At<int64_t>(base, at_candidates);
-  const DeviceScan device_scan{codes.m_count,
-                               nq,
-                               At<float>(base, at_luts),
-                               kept_per_tile,
-                               candidates,
-                               At<int32_t>(base, at_query_group),
-                               At<int64_t>(base, at_first_range),
-                               At<int64_t>(base, at_group_total),
-                               At<int64_t>(base, at_range_begin),
-                               At<int64_t>(base, at_range_prefix)};
-
-  cudaError_t e =
-      cudaMemcpyAsync(base, staging.data(), staging.size(), cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) {
     LutKernel<<<dim3(nq, codes.m_count), 256, 0, stream>>>(
-        At<float>(base, at_queries), codes.centroids_t, codes.m_count, codes.dsub,
-        !scan.inner_product, At<float>(base, at_luts));
+        At<float>(base, at_queries), codes.centroids_t, codes.m_count, codes.dsub, !descending,
+        At<float>(base, at_luts));
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) {
-    int device_id = 0, shared_limit = 0;
-    e = cudaGetDevice(&device_id);
-    if (e == cudaSuccess) {
-      e = cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id);
-    }
-    const size_t lut_bytes = static_cast<size_t>(codes.m_count) * 256 * sizeof(float);
-    const dim3 grid(static_cast<unsigned>(max_tiles), std::min(nq, kMaxGridY));
-    const bool descending = scan.inner_product;
-    const float pad = descending ? -INFINITY : INFINITY;
-    cudaFuncAttributes shared_lut_kernel;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&shared_lut_kernel, TileKernel<true>);
-    if (e == cudaSuccess &&
-        lut_bytes + shared_lut_kernel.sharedSizeBytes <= static_cast<size_t>(shared_limit)) {
-      e = cudaFuncSetAttribute(TileKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(lut_bytes));
-      if (e == cudaSuccess) {
-        TileKernel<true><<<grid, kThreads, lut_bytes, stream>>>(codes.codes, device_scan,
-                                                                descending, pad, keys, tokens);
-        e = cudaGetLastError();
-      }
-    } else if (e == cudaSuccess) {
-      TileKernel<false>
-          <<<grid, kThreads, 0, stream>>>(codes.codes, device_scan, descending, pad, keys, tokens);
-      e = cudaGetLastError();
-    }
+    const DeviceScan device_scan{codes.m_count,
+                                 nq,
+                                 At<float>(base, at_luts),
+                                 kept,
+                                 At<int64_t>(base, at_levels[0]),
+                                 At<int32_t>(base, at_query_group),
+                                 At<int64_t>(base, at_group_position),
+                                 At<int64_t>(base, at_position_tokens)};
+    e = LaunchTiles(codes, device_scan, (max_total + kTile - 1) / kTile, descending, pad,
+                    At<float>(base, at_distances[0]), At<int64_t>(base, at_tokens[0]), stream);
   }
-  if (e == cudaSuccess) {
-    e = SortRows(base + at_sort, sort_bytes, keys, sorted_keys, tokens, sorted_tokens, n, nq,
-                 candidates, scan.inner_product, stream);
+  for (size_t l = 1; l < levels.size() && e == cudaSuccess; ++l) {
+    const int64_t max_chunks = (MostCandidates(levels[l - 1]) + kTile - 1) / kTile;
+    const int from = (l - 1) % 2, to = l % 2;
+    ReduceKernel<<<dim3(static_cast<unsigned>(max_chunks), std::min(nq, kMaxGridY)), kThreads, 0,
+                   stream>>>(
+        At<float>(base, at_distances[from]), At<int64_t>(base, at_tokens[from]),
+        At<int64_t>(base, at_levels[l - 1]), At<int64_t>(base, at_levels[l]), nq, kept, descending,
+        pad, At<float>(base, at_distances[to]), At<int64_t>(base, at_tokens[to]));
+    e = cudaGetLastError();
   }
+  const int last = (levels.size() - 1) % 2;
+  const int64_t* last_offsets = At<int64_t>(base, at_levels.back());
   if (e == cudaSuccess) {
-    const int64_t outputs = static_cast<int64_t>(nq) * k;
+    e = SortRows(base + at_sort, sort_bytes, At<float>(base, at_distances[last]),
+                 At<float>(base, at_sorted_distances), At<int64_t>(base, at_tokens[last]),
+                 At<int64_t>(base, at_sorted_tokens), n_last, nq, last_offsets, descending, stream);
+  }
+  const int64_t outputs = static_cast<int64_t>(nq) * k;
+  if (e == cudaSuccess) {
     GatherKernel<<<static_cast<unsigned>((outputs + kThreads - 1) / kThreads), kThreads, 0,
-                   stream>>>(sorted_keys, sorted_tokens, candidates, nq, k, out_distances, out_ids);
+                   stream>>>(At<float>(base, at_sorted_distances),
+                             At<int64_t>(base, at_sorted_tokens), last_offsets, nq, k,
+                             At<float>(base, at_out_distances), At<int64_t>(base, at_out_ids));
     e = cudaGetLastError();
-    if (e == cudaSuccess) {
-      e = cudaMemcpyAsync(distances, out_distances, outputs * sizeof(float), cudaMemcpyDeviceToHost,
-                          stream);
-    }
-    if (e == cudaSuccess) {
-      e = cudaMemcpyAsync(ids, out_ids, outputs * sizeof(int64_t), cudaMemcpyDeviceToHost, stream);
-    }
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(distances, At<float>(base, at_out_distances), outputs * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream);
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(ids, At<int64_t>(base, at_out_ids), outputs * sizeof(int64_t),
+                        cudaMemcpyDeviceToHost, stream);
   }
   const cudaError_t freed = cudaFreeAsync(base, stream);
   const cudaError_t synced = cudaStreamSynchronize(stream);

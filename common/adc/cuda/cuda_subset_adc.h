@@ -16,7 +16,7 @@
 
 namespace knnserve {
 
-class CudaSubsetAdc {
+class CudaSubsetAdc : public SubsetSearcher {
  public:
   // Fails when there is no CUDA device or the codes do not fit its memory.
   static absl::StatusOr<std::unique_ptr<CudaSubsetAdc>> Create(
@@ -25,7 +25,8 @@ class CudaSubsetAdc {
   // As SubsetAdc::SearchSubset.
   absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
                                             const SubsetGroups& groups,
-                                            absl::Span<const int32_t> row_group, int k) const;
+                                            absl::Span<const int32_t> row_group,
+                                            int k) const override;
 
   const SubsetAdc& cpu() const { return *cpu_; }
 
