@@ -76,8 +76,9 @@ void ExpectSameAnswer(const SubsetResult& got, const SubsetResult& want) {
 }
 
 // Same ids and the same distance bits as the CPU's exact scan, for both metrics, k from 1 to
-// more than a group holds (k = 1000 over all 20000 tokens takes a reduction pass), M a multiple of 16 (vector loads), not (byte loads and a partial last
-// chunk), and too large for shared memory (m = 256: tables read from global memory).
+// more than a group holds (k = 1000 over all 20000 tokens takes a reduction pass), M a multiple of
+// 16 (vector loads), not (byte loads and a partial last chunk), and too large for shared memory (m
+// = 256: tables read from global memory).
 TEST(CudaSubsetAdc, EqualsTheCpuExactScanBitForBit) {
   SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937_64 rng(41);
