@@ -184,7 +184,8 @@ void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block) {
 }
 
 void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
-                       int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below) {
+                       int m_count, const uint16_t* const* biases, const uint16_t* limits,
+                       uint16_t* sums, uint64_t* below) {
   const __m512i low_bytes = _mm512_set1_epi16(0x00FF);
   const Permutations& perms = Perms();
   const __m512i interleave_first = _mm512_load_si512(perms.interleave[0]);
@@ -203,8 +204,12 @@ void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint
       even = _mm512_add_epi16(even, _mm512_and_si512(entries, low_bytes));
       odd = _mm512_add_epi16(odd, _mm512_srli_epi16(entries, 8));
     }
-    const __m512i first = _mm512_permutex2var_epi16(even, interleave_first, odd);
-    const __m512i second = _mm512_permutex2var_epi16(even, interleave_second, odd);
+    __m512i first = _mm512_permutex2var_epi16(even, interleave_first, odd);
+    __m512i second = _mm512_permutex2var_epi16(even, interleave_second, odd);
+    if (biases != nullptr) {
+      first = _mm512_adds_epu16(first, _mm512_loadu_si512(biases[q]));
+      second = _mm512_adds_epu16(second, _mm512_loadu_si512(biases[q] + 32));
+    }
     _mm512_storeu_si512(sums + q * kAdcBlock, first);
     _mm512_storeu_si512(sums + q * kAdcBlock + 32, second);
     const __m512i limit = _mm512_set1_epi16(static_cast<int16_t>(limits[q]));

@@ -184,6 +184,23 @@ void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_
   }
 }
 
+float ResidualCost(const float* x, const uint8_t* code, const float* centroids, const float* norms,
+                   int m_count, int dsub) {
+  float acc[16] = {};
+  for (int m = 0; m < m_count; ++m) {
+    const int c = code[m];
+    const float* centroid = centroids + (static_cast<size_t>(m) * 256 + c) * dsub;
+    float entry = norms[m * 256 + c];
+    for (int j = 0; j < dsub; ++j) entry = std::fma(-2.0f * x[m * dsub + j], centroid[j], entry);
+    // Sub-quantizer m goes to partial m % 16, in increasing m: ScanScalar's lanes.
+    acc[m % 16] += entry;
+  }
+  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
+  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
+  for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
+  return acc[0] + acc[1];
+}
+
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block) {
   for (int i = 0; i < kAdcBlock; ++i) {
     for (int m = 0; m < m_count; ++m) block[m * kAdcBlock + i] = rows[i][m];
@@ -191,7 +208,8 @@ void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block) {
 }
 
 void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,
-                         int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below) {
+                         int m_count, const uint16_t* const* biases, const uint16_t* limits,
+                         uint16_t* sums, uint64_t* below) {
   for (int q = 0; q < num_queries; ++q) {
     uint16_t* out = sums + q * kAdcBlock;
     std::fill(out, out + kAdcBlock, uint16_t{0});
@@ -199,6 +217,9 @@ void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const ui
       const uint8_t* table = tables[q] + m * 256;
       const uint8_t* codes = block + m * kAdcBlock;
       for (int i = 0; i < kAdcBlock; ++i) out[i] += table[codes[i]];
+    }
+    if (biases != nullptr) {
+      for (int i = 0; i < kAdcBlock; ++i) out[i] = std::min(65535, out[i] + biases[q][i]);
     }
     below[q] = 0;
     for (int i = 0; i < kAdcBlock; ++i) {

@@ -71,12 +71,15 @@ inline constexpr int kAdcBlock = 64;
 using AdcPackFn = void (*)(const uint8_t* const* rows, int m_count, uint8_t* block);
 
 // For each query q < num_queries and lane i < kAdcBlock of a packed block:
-//   sums[q * kAdcBlock + i] = Σ_m tables[q][m * 256 + block[m * kAdcBlock + i]]
-// (integer sums: entries <= 255 and m_count <= kMaxAdcM keep them below 2^16), and bit i of
+//   sums[q * kAdcBlock + i] = min(65535, Σ_m tables[q][m * 256 + block[m * kAdcBlock + i]]
+//                                        + (biases ? biases[q][i] : 0))
+// (the table sums alone stay below 2^16: entries <= 255 and m_count <= kMaxAdcM), and bit i of
 // below[q] set iff sums[q * kAdcBlock + i] <= limits[q].
-// REQUIRES: 1 <= m_count <= kMaxAdcM; tables[q] holds m_count x 256 bytes; block is aligned.
+// REQUIRES: 1 <= m_count <= kMaxAdcM; tables[q] holds m_count x 256 bytes; block is aligned;
+// biases null or biases[q] holding kAdcBlock values.
 using AdcQuantizedScanFn = void (*)(const uint8_t* const* tables, int num_queries,
-                                    const uint8_t* block, int m_count, const uint16_t* limits,
+                                    const uint8_t* block, int m_count,
+                                    const uint16_t* const* biases, const uint16_t* limits,
                                     uint16_t* sums, uint64_t* below);
 
 struct QuantizedAdcKernels {
@@ -127,14 +130,22 @@ void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* 
                         uint8_t* table);
 void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
+// The exact cost of one code through the residual table of x (residual_luts' entries for that
+// code, norms[m * 256 + c] − 2⟨x_m, centroid⟩ by the same fused multiply-adds, summed in the
+// canonical order): bit for bit what an exact scan of the full residual table gives, without
+// building it. centroids: m_count x 256 x dsub (PqCodebook's layout).
+float ResidualCost(const float* x, const uint8_t* code, const float* centroids, const float* norms,
+                   int m_count, int dsub);
 void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);
 void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block);
 void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,
-                         int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below);
+                         int m_count, const uint16_t* const* biases, const uint16_t* limits,
+                         uint16_t* sums, uint64_t* below);
 void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
-                       int m_count, const uint16_t* limits, uint16_t* sums, uint64_t* below);
+                       int m_count, const uint16_t* const* biases, const uint16_t* limits,
+                       uint16_t* sums, uint64_t* below);
 }  // namespace adc_internal
 
 }  // namespace knnserve

@@ -48,16 +48,14 @@ absl::Status CheckLists(const IvfPqLists& lists) {
 }  // namespace
 
 struct IvfAdc::Scratch {
-  std::vector<float> residuals;       // nprobe x dim: q − c_l
-  std::vector<float> residual_norms;  // nprobe: ||q − c_l||²
-  std::vector<float> luts;            // nprobe x m x 256: the residuals' tables
-  std::vector<int64_t> lists;         // the non-empty probed lists, nearest first
-  std::vector<const float*> residual_rows;
-  std::vector<float*> lut_rows;
-  std::vector<uint8_t> table;
+  std::vector<float> residual;       // dim: x = q − c_l
+  std::vector<float> query_lut;      // m x 256: T of the query
+  std::vector<uint8_t> query_table;  // and quantized
+  std::vector<uint16_t> biases;      // per position of the list: its b in table steps
+  std::vector<float> residual_lut;   // m x 256: the residual table of x (fallback)
+  std::vector<uint8_t> residual_table;
   CandidateFilter filter;
-  std::vector<uint8_t> codes;  // the survivors' codes, vector after vector
-  std::vector<float> costs;    // and their exact costs
+  uint8_t code[kMaxAdcM];
   std::vector<Candidate> heap;
 };
 
@@ -82,6 +80,7 @@ absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options
   }
   adc->lines_.resize(adc->block_begin_.back() * m);
   adc->ids_.reserve(adc->list_begin_.back());
+  adc->ComputeBiases(lists.codes);
   // Lanes past a list's end read code 0 and are masked out by the scan.
   const std::vector<uint8_t> zero_row(m, 0);
   const uint8_t* rows[kAdcBlock];
@@ -151,15 +150,59 @@ IvfAdc::IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options
       coarse_centroids_(std::move(coarse_centroids)),
       options_(options),
       kernels_(GetQuantizedKernels(options.kernel)),
-      exact_(GetAdcScan(BestExactAdcKernel())),
       tables_(BestAdcTableKernels()),
       centroids_t_(adc_internal::TransposeCentroids(codebook_)),
-      norms_(static_cast<size_t>(codebook_.m) * kLutSize) {
-  for (size_t i = 0; i < norms_.size(); ++i) {
-    const float* r = codebook_.centroids.data() + i * codebook_.dsub;
-    float norm = 0.0f;
-    for (int j = 0; j < codebook_.dsub; ++j) norm += r[j] * r[j];
-    norms_[i] = norm;
+      norms_(static_cast<size_t>(codebook_.m) * kLutSize),
+      zeros_(static_cast<size_t>(codebook_.m) * kLutSize, 0.0f) {
+  double largest_sum = 0.0;
+  for (int m = 0; m < codebook_.m; ++m) {
+    float largest = 0.0f;
+    for (int c = 0; c < kLutSize; ++c) {
+      const size_t i = static_cast<size_t>(m) * kLutSize + c;
+      const float* r = codebook_.centroids.data() + i * codebook_.dsub;
+      float norm = 0.0f;
+      for (int j = 0; j < codebook_.dsub; ++j) norm += r[j] * r[j];
+      norms_[i] = norm;
+      largest = std::max(largest, norm);
+    }
+    largest_sum += largest;
+  }
+  norms_max_sum_ = static_cast<float>(largest_sum);
+  centroid_bound_ = static_cast<float>(std::sqrt(largest_sum));
+}
+
+// b = Σ_m (||r_m||² + 2⟨c_l,m, r_m⟩) in double, from a per-list table of its m x 256 terms.
+void IvfAdc::ComputeBiases(const std::vector<std::vector<uint8_t>>& codes) {
+  const int m = codebook_.m, dsub = codebook_.dsub, d = dim();
+  biases_.reserve(list_begin_.back());
+  std::vector<double> terms(static_cast<size_t>(m) * kLutSize);
+  std::vector<double> b;
+  for (size_t l = 0; l < codes.size(); ++l) {
+    const int64_t n = static_cast<int64_t>(codes[l].size()) / m;
+    const float* centroid = coarse_centroids_.data() + l * d;
+    if (n > 0) {
+      for (int i = 0; i < m * kLutSize; ++i) {
+        const float* r = codebook_.centroids.data() + static_cast<size_t>(i) * dsub;
+        double dot = 0.0;
+        for (int j = 0; j < dsub; ++j)
+          dot += static_cast<double>(centroid[i / kLutSize * dsub + j]) * r[j];
+        terms[i] = norms_[i] + 2.0 * dot;
+      }
+    }
+    b.assign(n, 0.0);
+    for (int64_t v = 0; v < n; ++v) {
+      const uint8_t* code = codes[l].data() + v * m;
+      for (int s = 0; s < m; ++s) b[v] += terms[s * kLutSize + code[s]];
+    }
+    const double low = n > 0 ? *std::min_element(b.begin(), b.end()) : 0.0;
+    const double high = n > 0 ? *std::max_element(b.begin(), b.end()) : 0.0;
+    const double step = (high - low) / 65535.0;
+    bias_min_.push_back(low);
+    bias_step_.push_back(step);
+    for (int64_t v = 0; v < n; ++v) {
+      const double steps = step > 0.0 ? std::floor((b[v] - low) / step) : 0.0;
+      biases_.push_back(static_cast<uint16_t>(std::clamp(steps, 0.0, 65535.0)));
+    }
   }
 }
 
@@ -167,7 +210,8 @@ IvfAdc::~IvfAdc() = default;
 
 double IvfAdc::BytesPerVector() const {
   if (ids_.empty()) return 0;
-  return static_cast<double>(lines_.size() * sizeof(PackedLine) + ids_.size() * sizeof(uint32_t)) /
+  return static_cast<double>(lines_.size() * sizeof(PackedLine) + ids_.size() * sizeof(uint32_t) +
+                             biases_.size() * sizeof(uint16_t)) /
          static_cast<double>(ids_.size());
 }
 
@@ -200,6 +244,22 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
   return out;
 }
 
+namespace {
+
+// The largest integer sum worth keeping in a list whose distances are x_norm + cost (cost
+// bounded by `bounds`), given the heap of the row: no limit until it holds k candidates; −1
+// when nothing in the list can rank before them.
+int64_t SumCap(const std::vector<Candidate>& heap, int k, const LutQuantization& bounds,
+               float x_norm) {
+  if (static_cast<int>(heap.size()) < k || bounds.keeps_all()) return LutQuantization::kKeepAll;
+  // The worst distance so far, less the list's constant, widened by the rounding of adding it.
+  const double worst = heap.front().first;
+  const double rounding = 4.0 * FLT_EPSILON * (std::abs(worst) + x_norm);
+  return bounds.LargestSumWithin(worst - x_norm + rounding);
+}
+
+}  // namespace
+
 // Lists are scanned one after the other (nearest first) into one heap: once it holds k
 // candidates, its worst distance caps the integer sums worth keeping in the next lists
 // (LargestSumWithin), on top of each list's own k-th-sum filter, so most lists leave only a
@@ -209,66 +269,121 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
   const int m = codebook_.m;
   const int d = dim();
   const size_t table_size = static_cast<size_t>(m) * kLutSize;
-  scratch.residuals.resize(static_cast<size_t>(nprobe) * d);
-  scratch.residual_norms.resize(nprobe);
-  scratch.luts.resize(nprobe * table_size);
-  scratch.table.resize(table_size);
   scratch.heap.clear();
-  scratch.lists.clear();
-  scratch.residual_rows.clear();
-  scratch.lut_rows.clear();
+  scratch.residual.resize(d);
+  LutQuantization query_bounds;
+  query_bounds.margin = LutQuantization::kKeepAll;  // unusable until built
+  double query_norm = 0.0;
+  if (options_.query_tables) {
+    scratch.query_lut.resize(table_size);
+    scratch.query_table.resize(table_size);
+    float* lut = scratch.query_lut.data();
+    tables_.residual_luts(&query, 1, centroids_t_.data(), zeros_.data(), m, codebook_.dsub, &lut);
+    query_bounds = adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.query_table.data());
+    for (int j = 0; j < d; ++j) query_norm += static_cast<double>(query[j]) * query[j];
+    query_norm = std::sqrt(query_norm);
+  }
   for (int p = 0; p < nprobe; ++p) {
     const int64_t list = probes[p];
     if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
-    const size_t i = scratch.lists.size();
-    float* residual = scratch.residuals.data() + i * d;
+    float* x = scratch.residual.data();
     const float* centroid = coarse_centroids_.data() + list * d;
-    float norm = 0.0f;
+    float x_norm = 0.0f;
     for (int j = 0; j < d; ++j) {
-      residual[j] = query[j] - centroid[j];
-      norm += residual[j] * residual[j];
+      x[j] = query[j] - centroid[j];
+      x_norm += x[j] * x[j];
     }
-    scratch.residual_norms[i] = norm;
-    scratch.lists.push_back(list);
-    scratch.residual_rows.push_back(residual);
-    scratch.lut_rows.push_back(scratch.luts.data() + i * table_size);
-  }
-  // All tables of the row at once: the PQ centroids are then read once per row, not per list.
-  tables_.residual_luts(scratch.residual_rows.data(), static_cast<int>(scratch.lists.size()),
-                        centroids_t_.data(), norms_.data(), m, codebook_.dsub,
-                        scratch.lut_rows.data());
-  for (size_t i = 0; i < scratch.lists.size(); ++i) {
-    const int64_t list = scratch.lists[i];
-    const float* lut = scratch.lut_rows[i];
-    const float residual_norm = scratch.residual_norms[i];  // added to every distance of the list
-    const LutQuantization quantization =
-        adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.table.data());
-    int64_t cap = LutQuantization::kKeepAll;
-    if (static_cast<int>(scratch.heap.size()) == k && !quantization.keeps_all()) {
-      // The worst distance so far, less this list's constant, widened by the rounding of
-      // adding that constant.
-      const double worst = scratch.heap.front().first;
-      const double rounding = 4.0 * FLT_EPSILON * (std::abs(worst) + residual_norm);
-      cap = quantization.LargestSumWithin(worst - residual_norm + rounding);
-      if (cap < 0) continue;  // nothing in this list can rank before the k found
+    if (!query_bounds.keeps_all() &&
+        ScanWithQueryTable(list, x, x_norm, query_norm, query_bounds, k, scratch)) {
+      continue;
     }
-    scratch.filter.Reset(k, quantization.margin, static_cast<uint16_t>(cap));
-
-    const int64_t n = list_begin_[list + 1] - list_begin_[list];
-    const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
-    const uint8_t* table = scratch.table.data();
-    adc_internal::FilterPackedBlocks(kernels_, &table, 1, blocks, n, m, &scratch.filter);
-    const auto& survivors = scratch.filter.Survivors();
-    adc_internal::ExactCostsOfSurvivors(exact_, lut, blocks, m, survivors, scratch.codes,
-                                        scratch.costs);
-    const uint32_t* ids = ids_.data() + list_begin_[list];
-    for (size_t s = 0; s < survivors.size(); ++s) {
-      adc_internal::OfferBounded(Metric::kL2, k,
-                                 {residual_norm + scratch.costs[s], ids[survivors[s].second]},
-                                 scratch.heap);
-    }
+    ScanWithResidualTable(list, x, x_norm, k, scratch);
   }
   adc_internal::WriteNearestFirst(Metric::kL2, scratch.heap, row, k, out);
+}
+
+// The pre-scan sum of a vector is Q = Q_T + B: Q_T its query-table sum, B = floor(β * ratio)
+// its bias in table steps (ratio = the list's bias step / the table step). Its exact cost
+// (distance − ||x||²) is b + Σ T up to float rounding, so with the table's window
+// [base + step (Q_T − slack), base + step (Q_T + m + slack)) and b within
+// [min + step (B − 1), min + step (B + 2 + ceil(ratio))], the cost lies within
+// [base' + step (Q − slack'), base' + step (Q + upper)), base' = base + min,
+// slack' = slack + extra, upper = m + slack + ceil(ratio) + extra, where `extra` steps cover
+// the rounding of T's entries and sums, of the residual form, of x and of base' (bounded from
+// the magnitudes by Cauchy-Schwarz, with a wide factor) plus the biases' flooring.
+bool IvfAdc::ScanWithQueryTable(int64_t list, const float* x, float x_norm, double query_norm,
+                                const LutQuantization& query_bounds, int k,
+                                Scratch& scratch) const {
+  const int m = codebook_.m;
+  const double step = query_bounds.step;
+  const double ratio = bias_step_[list] / step;
+  const double bias_min = bias_min_[list];
+  const double bias_max = bias_min + 65535.0 * bias_step_[list];
+  const double magnitude = 2.0 * (query_norm + std::sqrt(x_norm)) * centroid_bound_ +
+                           norms_max_sum_ + std::abs(bias_min) + std::abs(bias_max) + x_norm +
+                           std::abs(query_bounds.base);
+  const double rounding = 16.0 * (m + codebook_.dsub + 4) * FLT_EPSILON * magnitude / step;
+  const double extra = std::ceil(rounding) + 2.0;
+  const double slack = query_bounds.slack + extra;
+  const double upper = m + query_bounds.slack + std::ceil(ratio) + extra;
+  // Every sum must fit 16 bits unsaturated, with room for the filter's margin.
+  if (255.0 * m + 65535.0 * ratio + 2.0 + upper + slack >= LutQuantization::kKeepAll) return false;
+  LutQuantization bounds;
+  bounds.base = static_cast<float>(query_bounds.base + bias_min);
+  bounds.step = query_bounds.step;
+  bounds.slack = static_cast<int>(slack);
+  bounds.margin = static_cast<int>(upper + slack);
+  const int64_t cap = SumCap(scratch.heap, k, bounds, x_norm);
+  if (cap < 0) return true;  // nothing in this list can rank before the k found
+
+  const int64_t first = list_begin_[list];
+  const int64_t n = list_begin_[list + 1] - first;
+  scratch.biases.assign((n + kAdcBlock - 1) / kAdcBlock * kAdcBlock, uint16_t{0});
+  const float ratio_f = static_cast<float>(ratio);
+  for (int64_t i = 0; i < n; ++i) {
+    scratch.biases[i] = static_cast<uint16_t>(static_cast<float>(biases_[first + i]) * ratio_f);
+  }
+  scratch.filter.Reset(k, bounds.margin, static_cast<uint16_t>(cap));
+  const uint8_t* table = scratch.query_table.data();
+  const uint16_t* biases = scratch.biases.data();
+  adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m, n,
+                                   m, &biases, &scratch.filter);
+  OfferSurvivors(list, x, x_norm, k, scratch);
+  return true;
+}
+
+void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
+                                   Scratch& scratch) const {
+  const int m = codebook_.m;
+  const size_t table_size = static_cast<size_t>(m) * kLutSize;
+  scratch.residual_lut.resize(table_size);
+  scratch.residual_table.resize(table_size);
+  float* lut = scratch.residual_lut.data();
+  tables_.residual_luts(&x, 1, centroids_t_.data(), norms_.data(), m, codebook_.dsub, &lut);
+  const LutQuantization bounds =
+      adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.residual_table.data());
+  const int64_t cap = SumCap(scratch.heap, k, bounds, x_norm);
+  if (cap < 0) return;
+  scratch.filter.Reset(k, bounds.margin, static_cast<uint16_t>(cap));
+  const uint8_t* table = scratch.residual_table.data();
+  adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m,
+                                   list_begin_[list + 1] - list_begin_[list], m,
+                                   /*biases=*/nullptr, &scratch.filter);
+  OfferSurvivors(list, x, x_norm, k, scratch);
+}
+
+void IvfAdc::OfferSurvivors(int64_t list, const float* x, float x_norm, int k,
+                            Scratch& scratch) const {
+  const int m = codebook_.m;
+  const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
+  const uint32_t* ids = ids_.data() + list_begin_[list];
+  for (const auto& [sum, position] : scratch.filter.Survivors()) {
+    adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
+                               static_cast<int>(position % kAdcBlock), scratch.code);
+    const float cost = adc_internal::ResidualCost(x, scratch.code, codebook_.centroids.data(),
+                                                  norms_.data(), m, codebook_.dsub);
+    adc_internal::OfferBounded(Metric::kL2, k, {x_norm + cost, ids[position]}, scratch.heap);
+  }
 }
 
 }  // namespace knnserve

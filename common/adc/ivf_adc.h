@@ -3,16 +3,20 @@
 // lists are packed once, when the index is loaded, so a search only builds tables and scans.
 //
 // A vector of list l is c_l + r (coarse centroid plus the PQ reconstruction r of its residual),
-// so its squared distance to a query q is ||x||² + Σ_m (||r_m||² − 2⟨x_m, r_m⟩) with x = q − c_l:
-// per (query, list) the m x 256 table of the second term is built (AdcTableKernels::
-// residual_lut), quantized to bytes and scanned; the vectors that can still be among the k
-// nearest (by the list's own bounds and by the k-th distance found in earlier lists) are
-// re-ranked with the exact float sum (canonical order, adc_kernels.h). faiss computes the same
-// distance as
-// ||q − c_l||² + (||r||² + 2⟨c_l, r⟩) − 2⟨q, r⟩ from a precomputed nlist x m x 256 table: equal
-// up to float rounding. Building the residual table costs arithmetic instead of reading that
-// table (32 KiB per list at m = 32) from memory, and the table is not kept. The answers are
-// bit-identical whichever quantized kernel runs.
+// so its squared distance to a query q is, with x = q − c_l,
+//   ||x||² + Σ_m (||r_m||² − 2⟨x_m, r_m⟩)                          (the residual form)
+//   = ||x||² + b + Σ_m T[m][code_m],  b = Σ_m (||r_m||² + 2⟨c_l,m, r_m⟩), T = −2⟨q_m, centroid⟩.
+// The pre-scan uses the second form: T depends on the query only, so one m x 256 table per
+// query is built and quantized for all its lists, and each vector's b (fixed at load) is kept
+// as a 16-bit fraction of its list's range and added to the integer sums in table steps. The
+// bounds of both terms (with float rounding) decide which vectors can still be among the k
+// nearest, by the list's own k-th sum and by the k-th distance found in earlier lists; those are
+// re-ranked with the exact residual form (residual_luts' entries, canonical order, adc_kernels.h).
+// A list whose sums could overflow 16 bits is scanned with its own residual table instead (the
+// previous form, Options::query_tables = false for all lists): the same answers, bit for bit.
+// faiss computes ||q − c_l||² + (||r||² + 2⟨c_l, r⟩) − 2⟨q, r⟩ from a precomputed nlist x m x 256
+// table: equal up to float rounding. The answers are bit-identical whichever quantized kernel
+// runs.
 #ifndef KNNSERVE_COMMON_ADC_IVF_ADC_H_
 #define KNNSERVE_COMMON_ADC_IVF_ADC_H_
 
@@ -30,6 +34,7 @@ namespace knnserve {
 
 namespace adc_internal {
 struct PackedLine;
+struct LutQuantization;
 }  // namespace adc_internal
 
 // What IvfAdc needs of a trained, filled IVF-PQ index (copied out of faiss by the adapter).
@@ -50,6 +55,9 @@ class IvfAdc {
   struct Options {
     int threads = 1;                                 // OpenMP threads across query rows
     AdcKernel kernel = AdcKernel::kQuantizedScalar;  // REQUIRES: IsQuantized, CpuSupports
+    // Pre-scan with one table per query (and each vector's bias); false: one residual table
+    // per query and list. Identical answers.
+    bool query_tables = true;
   };
 
   // Packs the lists (consuming `lists`). Fails on inconsistent sizes or an unusable kernel.
@@ -72,31 +80,52 @@ class IvfAdc {
 
   int dim() const { return codebook_.dim(); }
   int64_t size() const { return static_cast<int64_t>(ids_.size()); }
-  // Bytes held per vector: packed codes (lists padded to whole blocks) and 4-byte ids.
+  // Bytes held per vector: packed codes (lists padded to whole blocks), 4-byte ids and 2-byte
+  // biases.
   double BytesPerVector() const;
 
  private:
   struct Scratch;
   IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options options);
 
+  // Fills biases per list: each vector's b as a 16-bit step of its list's range.
+  void ComputeBiases(const std::vector<std::vector<uint8_t>>& codes);
   void SearchRow(const float* query, const int64_t* probes, int nprobe, int k, Scratch& scratch,
                  int64_t row, Neighbors& out) const;
+  // Scans `list` for the row whose query table (float `query_lut`, quantized to
+  // scratch.query_table as `query_bounds`) is given; x = q − c_list, x_norm = ||x||². Returns
+  // false, having done nothing, when the list's sums could overflow 16 bits.
+  bool ScanWithQueryTable(int64_t list, const float* x, float x_norm, double query_norm,
+                          const adc_internal::LutQuantization& query_bounds, int k,
+                          Scratch& scratch) const;
+  // Scans `list` with the residual table of x = q − c_list.
+  void ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
+                             Scratch& scratch) const;
+  // Offers the survivors of scratch.filter (positions in `list`) to scratch.heap with their exact
+  // distances x_norm + residual cost.
+  void OfferSurvivors(int64_t list, const float* x, float x_norm, int k, Scratch& scratch) const;
 
   const PqCodebook codebook_;
   const std::vector<float> coarse_centroids_;
   const Options options_;
   const QuantizedAdcKernels kernels_;
-  const AdcScanFn exact_;  // the re-rank: any exact kernel gives the scalar sums bit for bit
   const AdcTableKernels& tables_;
-  const std::vector<float> centroids_t_;
-  std::vector<float>
-      norms_;  // m x 256: ||r_mj||²  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
+  const std::vector<float> centroids_t_;  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
+  std::vector<float> norms_;              // m x 256: ||r_mc||²
+  const std::vector<float> zeros_;        // m x 256 zeros: residual_luts' start for T
+  float norms_max_sum_ = 0.0f;            // Σ_m max_c ||r_mc||²
+  float centroid_bound_ = 0.0f;           // sqrt(Σ_m max_c ||r_mc||²) (Cauchy-Schwarz bounds)
   // List l: blocks [block_begin_[l], block_begin_[l + 1]) of m lines each, and vectors
   // [list_begin_[l], list_begin_[l + 1]) of ids_.
   std::vector<adc_internal::PackedLine> lines_;
   std::vector<int64_t> block_begin_;
   std::vector<int64_t> list_begin_;
   std::vector<uint32_t> ids_;
+  // Per vector (as ids_), its b in steps of its list: b ∈ [bias_min_[l] + bias_step_[l] * β,
+  // bias_min_[l] + bias_step_[l] * (β + 1)].
+  std::vector<uint16_t> biases_;
+  std::vector<double> bias_min_;
+  std::vector<double> bias_step_;
 };
 
 }  // namespace knnserve

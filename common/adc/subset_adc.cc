@@ -366,7 +366,7 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
     }
     // Stage 1: the filters keep the positions that may be among the k nearest.
     adc_internal::FilterPackedBlocks(quantized_, tables, nq, packed->lines.data(), n, m,
-                                     scratch.filters.data());
+                                     /*biases=*/nullptr, scratch.filters.data());
     // Stage 2: exact distances of the survivors.
     for (int q = 0; q < nq; ++q) {
       const float* lut = scratch.luts.data() + q * lut_size;

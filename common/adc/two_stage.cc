@@ -141,16 +141,20 @@ void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code)
 
 void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const* tables,
                         int num_queries, const PackedLine* blocks, int64_t n, int m_count,
-                        CandidateFilter* filters) {
+                        const uint16_t* const* biases, CandidateFilter* filters) {
   constexpr int kMaxQueries = 8;
   uint16_t limits[kMaxQueries];
   uint16_t sums[kMaxQueries * kAdcBlock];
   uint64_t below[kMaxQueries];
+  const uint16_t* block_biases[kMaxQueries];
   for (int64_t b = 0; b < n; b += kAdcBlock) {
     const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
-    for (int q = 0; q < num_queries; ++q) limits[q] = filters[q].limit();
-    kernels.scan(tables, num_queries, blocks[b / kAdcBlock * m_count].bytes, m_count, limits, sums,
-                 below);
+    for (int q = 0; q < num_queries; ++q) {
+      limits[q] = filters[q].limit();
+      if (biases != nullptr) block_biases[q] = biases[q] + b;
+    }
+    kernels.scan(tables, num_queries, blocks[b / kAdcBlock * m_count].bytes, m_count,
+                 biases != nullptr ? block_biases : nullptr, limits, sums, below);
     const uint64_t real_lanes = lanes == kAdcBlock ? ~uint64_t{0} : (uint64_t{1} << lanes) - 1;
     for (int q = 0; q < num_queries; ++q) {
       filters[q].Offer(sums + q * kAdcBlock, below[q] & real_lanes, b);

@@ -90,11 +90,13 @@ std::vector<float> TransposeCentroids(const PqCodebook& codebook);
 void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code);
 
 // Stage 1 over n packed positions (blocks of m_count lines each): the integer sums of every
-// position for the num_queries tables, offered block by block to filters[q].
-// REQUIRES: num_queries <= 8 (the quantized kernels' queries per pass).
+// position for the num_queries tables (plus biases[q][position], saturating, when biases is
+// not null), offered block by block to filters[q].
+// REQUIRES: num_queries <= 8 (the quantized kernels' queries per pass); biases null or each
+// biases[q] holding n values rounded up to whole blocks.
 void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const* tables,
                         int num_queries, const PackedLine* blocks, int64_t n, int m_count,
-                        CandidateFilter* filters);
+                        const uint16_t* const* biases, CandidateFilter* filters);
 
 // Stage 2: the exact costs through `lut` of the survivors' positions in the packed blocks,
 // into costs (one per survivor, in order), computed by one call of the exact kernel `exact`

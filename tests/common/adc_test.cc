@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/adc/adc_kernels.h"
+#include "common/adc/ivf_adc.h"
 #include "common/adc/subset_adc.h"
 #include "common/status_matchers.h"
 #include "faiss/IndexPQ.h"
@@ -75,17 +76,30 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
     const uint8_t* table_ptrs[kQueries];
     for (int q = 0; q < kQueries; ++q) table_ptrs[q] = tables.data() + q * m * 256;
     const uint16_t limits[kQueries] = {65535, static_cast<uint16_t>(m * 128), 0};
+    // Biases: none for query 0, small ones, and ones that saturate the sums.
+    std::vector<uint16_t> bias_values(kQueries * kAdcBlock);
+    for (int i = 0; i < kAdcBlock; ++i) {
+      bias_values[i] = 0;
+      bias_values[kAdcBlock + i] = static_cast<uint16_t>(rng() % 2000);
+      bias_values[2 * kAdcBlock + i] = static_cast<uint16_t>(65535 - rng() % 40000);
+    }
+    const uint16_t* bias_ptrs[kQueries];
+    for (int q = 0; q < kQueries; ++q) bias_ptrs[q] = bias_values.data() + q * kAdcBlock;
 
     struct Out {
       std::vector<uint8_t> block;
       uint16_t sums[kQueries * kAdcBlock];
       uint64_t below[kQueries];
+      uint16_t biased_sums[kQueries * kAdcBlock];
+      uint64_t biased_below[kQueries];
     };
     auto run = [&](const QuantizedAdcKernels& kernels, Out& out) {
       alignas(64) static uint8_t block[kMaxAdcM * kAdcBlock];
       kernels.pack(rows, m, block);
       out.block.assign(block, block + m * kAdcBlock);
-      kernels.scan(table_ptrs, kQueries, block, m, limits, out.sums, out.below);
+      kernels.scan(table_ptrs, kQueries, block, m, nullptr, limits, out.sums, out.below);
+      kernels.scan(table_ptrs, kQueries, block, m, bias_ptrs, limits, out.biased_sums,
+                   out.biased_below);
     };
     Out want, got;
     run(scalar, want);
@@ -93,6 +107,12 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
     EXPECT_EQ(got.block, want.block);
     EXPECT_EQ(std::memcmp(got.sums, want.sums, sizeof(want.sums)), 0);
     EXPECT_EQ(std::memcmp(got.below, want.below, sizeof(want.below)), 0);
+    EXPECT_EQ(std::memcmp(got.biased_sums, want.biased_sums, sizeof(want.sums)), 0);
+    EXPECT_EQ(std::memcmp(got.biased_below, want.biased_below, sizeof(want.below)), 0);
+    // Biases add to the sums, saturating at 65535.
+    for (int i = 0; i < kQueries * kAdcBlock; ++i) {
+      EXPECT_EQ(want.biased_sums[i], std::min(65535, want.sums[i] + bias_values[i])) << i;
+    }
     // The scalar pack is the definition: block[m][i] = rows[i][m].
     for (int i = 0; i < kAdcBlock; ++i)
       EXPECT_EQ(want.block[(m - 1) * kAdcBlock + i], rows[i][m - 1]);
@@ -369,6 +389,99 @@ TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
       EXPECT_EQ(got.neighbors.ids, want.neighbors.ids) << "call " << c;
       EXPECT_EQ(got.neighbors.distances, want.neighbors.distances) << "call " << c;
       EXPECT_EQ(got.vectors_scanned, want.vectors_scanned) << "call " << c;
+    }
+  }
+}
+
+// IVF-PQ lists with random codebooks and codes (the search is exact whatever the training):
+// vectors spread over `nlist` lists, every 7th a copy of its predecessor's code (ties), list 0's
+// centroid 1000 times farther out than the others (its biases span far more than a query
+// table's steps, so its sums would overflow 16 bits: the residual-table fallback scans it).
+IvfPqLists RandomLists(int m, int dsub, int nlist, int vectors, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  IvfPqLists lists;
+  lists.codebook = {m, dsub, std::vector<float>(static_cast<size_t>(m) * 256 * dsub)};
+  for (float& c : lists.codebook.centroids) c = normal(rng);
+  const int d = m * dsub;
+  lists.coarse_centroids.resize(static_cast<size_t>(nlist) * d);
+  for (float& c : lists.coarse_centroids) c = 3 * normal(rng);
+  for (int j = 0; j < d; ++j) lists.coarse_centroids[j] *= 1000;
+  lists.codes.resize(nlist);
+  lists.ids.resize(nlist);
+  for (int v = 0; v < vectors; ++v) {
+    const int l = static_cast<int>(rng() % nlist);
+    std::vector<uint8_t>& codes = lists.codes[l];
+    const size_t at = codes.size();
+    codes.resize(at + m);
+    for (int s = 0; s < m; ++s) {
+      codes[at + s] = v % 7 == 0 && at >= static_cast<size_t>(m) ? codes[at - m + s]
+                                                                 : static_cast<uint8_t>(rng());
+    }
+    lists.ids[l].push_back(static_cast<uint32_t>(v));
+  }
+  return lists;
+}
+
+// The pre-scan with one table per query (and per-vector biases) changes no answer: ids and
+// distance bits equal the residual-table scan's, for k from 1 to more than the probed lists
+// hold, 1 to all lists probed, queries near stored vectors and far from all of them, both
+// quantized kernels.
+TEST(IvfAdc, QueryTablesAnswerAsResidualTablesBitForBit) {
+  std::mt19937_64 rng(61);
+  std::normal_distribution<float> normal;
+  for (auto [m, dsub] : {std::pair{8, 2}, std::pair{16, 4}, std::pair{20, 3}}) {
+    constexpr int kNlist = 24, kVectors = 6000, kRows = 30;
+    const IvfPqLists lists = RandomLists(m, dsub, kNlist, kVectors, rng);
+    const int d = m * dsub;
+    // Queries: reconstructions of stored vectors plus noise, and a few far away.
+    Matrix<float> queries(kRows, d);
+    for (int r = 0; r < kRows; ++r) {
+      const int l = 1 + static_cast<int>(rng() % (kNlist - 1));
+      const int64_t count = static_cast<int64_t>(lists.ids[l].size());
+      const uint8_t* code = lists.codes[l].data() + (count > 0 ? rng() % count : 0) * m;
+      for (int j = 0; j < d; ++j) {
+        const float r_j =
+            count > 0
+                ? lists.codebook
+                      .centroids[(static_cast<size_t>(j / dsub) * 256 + code[j / dsub]) * dsub +
+                                 j % dsub]
+                : 0.0f;
+        queries.at(r, j) = lists.coarse_centroids[l * d + j] + r_j + 0.3f * normal(rng) +
+                           (r % 10 == 9 ? 50.0f : 0.0f);
+      }
+    }
+    for (int nprobe : {1, 4, kNlist}) {
+      // Probes: lists by coarse distance, nearest first; row 0 also probes the far list 0.
+      Matrix<int64_t> probes(kRows, nprobe);
+      for (int r = 0; r < kRows; ++r) {
+        std::vector<std::pair<float, int64_t>> by_distance;
+        for (int l = 0; l < kNlist; ++l) {
+          float dist = 0;
+          for (int j = 0; j < d; ++j) {
+            const float diff = queries.at(r, j) - lists.coarse_centroids[l * d + j];
+            dist += diff * diff;
+          }
+          by_distance.push_back({dist, l});
+        }
+        std::sort(by_distance.begin(), by_distance.end());
+        for (int p = 0; p < nprobe; ++p) probes.at(r, p) = by_distance[p].second;
+        if (r == 0) probes.at(r, nprobe - 1) = 0;
+      }
+      for (int k : {1, 10, 100, 7000}) {
+        for (AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+          if (!CpuSupports(kernel)) continue;
+          SCOPED_TRACE(
+              absl::StrCat("m=", m, " nprobe=", nprobe, " k=", k, " ", AdcKernelName(kernel)));
+          ASSERT_OK_AND_ASSIGN(auto residual, IvfAdc::Create(lists, {2, kernel, false}));
+          ASSERT_OK_AND_ASSIGN(auto query, IvfAdc::Create(lists, {2, kernel, true}));
+          ASSERT_OK_AND_ASSIGN(Neighbors want, residual->Search(queries.view(), probes.view(), k));
+          ASSERT_OK_AND_ASSIGN(Neighbors got, query->Search(queries.view(), probes.view(), k));
+          EXPECT_EQ(got.ids, want.ids);
+          EXPECT_EQ(std::memcmp(got.distances.data(), want.distances.data(),
+                                want.distances.size() * sizeof(float)),
+                    0);
+        }
+      }
     }
   }
 }
