@@ -407,7 +407,7 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
 }
 
-absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
+absl::Status FaissIndex::PrepareForServing(AdcKernel kernel, bool ivf_query_tables) {
   if (const faiss::IndexFlat* flat = ExactL2Flat(index_.get()); flat != nullptr) {
     if (flat->ntotal == 0 || !flat_norms_.empty()) return absl::OkStatus();
     flat_norms_.resize(flat->ntotal);
@@ -420,7 +420,8 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
   IvfPqLists lists;
   RETURN_IF_ERROR(
       Guard("export inverted lists", threads_, [&] { lists = ExportIvfPqLists(*ivfpq); }));
-  ASSIGN_OR_RETURN(ivf_adc_, IvfAdc::Create(std::move(lists), {threads_, kernel}));
+  ASSIGN_OR_RETURN(ivf_adc_,
+                   IvfAdc::Create(std::move(lists), {threads_, kernel, ivf_query_tables}));
   // faiss's copy of the lists and its precomputed tables (nlist x m x 256 floats) are no longer
   // read: keep empty lists of the same shape.
   return Guard("release inverted lists", threads_, [&] {
