@@ -1,7 +1,6 @@
 #include "common/request.h"
 
 #include <algorithm>
-
 #include <cmath>
 
 #include "absl/random/random.h"
@@ -22,8 +21,8 @@ absl::Status ValidateQueryShape(const v1::Matrix& queries, const IndexShape& sha
         "queries: ", queries.cols(), " columns, but the index dimension is ", shape.dim));
   }
   if (queries.rows() < 1 || queries.rows() > limits.max_rows) {
-    return absl::InvalidArgumentError(absl::StrCat("queries: ", queries.rows(),
-                                                   " rows; must be 1..", limits.max_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("queries: ", queries.rows(), " rows; must be 1..", limits.max_rows));
   }
   return absl::OkStatus();
 }
@@ -31,14 +30,13 @@ absl::Status ValidateQueryShape(const v1::Matrix& queries, const IndexShape& sha
 absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows,
                                size_t num_groups) {
   if (static_cast<int64_t>(row_group.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("row_group: ", row_group.size(),
-                                                   " entries for ", rows, " query rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_group: ", row_group.size(), " entries for ", rows, " query rows"));
   }
   for (size_t i = 0; i < row_group.size(); ++i) {
     if (row_group[i] < 0 || static_cast<size_t>(row_group[i]) >= num_groups) {
-      return absl::InvalidArgumentError(absl::StrCat("row_group[", i, "] = ", row_group[i],
-                                                     " is not a group index in [0, ",
-                                                     num_groups, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row_group[", i, "] = ", row_group[i], " is not a group index in [0, ", num_groups, ")"));
     }
   }
   return absl::OkStatus();
@@ -71,8 +69,8 @@ absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits&
         absl::StrCat("params.nprobe = ", params.nprobe(), "; must be >= 0 (0 = default)"));
   }
   if (params.ef_search() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "params.ef_search = ", params.ef_search(), "; must be >= 0 (0 = default)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("params.ef_search = ", params.ef_search(), "; must be >= 0 (0 = default)"));
   }
   return absl::OkStatus();
 }
@@ -85,8 +83,8 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
         "subset search requested, but this index holds no subset codes");
   }
   if (groups.size() > limits.max_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "subset_groups: ", groups.size(), " groups; at most ", limits.max_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("subset_groups: ", groups.size(), " groups; at most ", limits.max_rows));
   }
   int64_t total = 0;
   for (const v1::SubsetGroup& group : groups) total += group.sentence_ids_size();
@@ -100,9 +98,9 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
   for (int g = 0; g < groups.size(); ++g) {
     const auto& ids = groups[g].sentence_ids();
     if (ids.empty() || ids.size() > limits.max_subset_sentences) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("subset_groups[", g, "]: ", ids.size(), " sentences; must be 1..",
-                       limits.max_subset_sentences));
+      return absl::InvalidArgumentError(absl::StrCat("subset_groups[", g, "]: ", ids.size(),
+                                                     " sentences; must be 1..",
+                                                     limits.max_subset_sentences));
     }
     for (int i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= shape.num_sentences) {
@@ -116,8 +114,8 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
     std::vector<int64_t>& group = parsed.emplace_back(ids.begin(), ids.end());
     std::sort(group.begin(), group.end());
     if (const auto dup = std::adjacent_find(group.begin(), group.end()); dup != group.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "subset_groups[", g, "]: sentence id ", *dup, " appears more than once"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("subset_groups[", g, "]: sentence id ", *dup, " appears more than once"));
     }
   }
   return parsed;
@@ -127,9 +125,8 @@ absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
   const float* data = m.data();
   for (int64_t i = 0; i < m.size(); ++i) {
     if (!std::isfinite(data[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / m.cols(), "][",
-                                                     i % m.cols(), "] is ", data[i],
-                                                     "; queries must be finite"));
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / m.cols(), "][", i % m.cols(),
+                                                     "] is ", data[i], "; queries must be finite"));
     }
   }
   return absl::OkStatus();
@@ -187,8 +184,8 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   }
   if (query.is_subset()) {
     query.row_group.assign(request.row_group().begin(), request.row_group().end());
-    RETURN_IF_ERROR(ValidateRowGroups(query.row_group, query.queries.rows(),
-                                      query.subset_groups->size()));
+    RETURN_IF_ERROR(
+        ValidateRowGroups(query.row_group, query.queries.rows(), query.subset_groups->size()));
   } else if (request.row_group_size() > 0) {
     return absl::InvalidArgumentError("row_group given without subset_groups");
   }

@@ -22,7 +22,7 @@ namespace knnserve {
 struct RequestLimits {
   int max_k = 1024;
   int max_rows = 4096;
-  int max_subset_sentences = 65536;         // per group
+  int max_subset_sentences = 65536;              // per group
   int64_t max_total_subset_sentences = 1 << 20;  // over all groups of one request
 
   // The largest request or response message for index dimension `dim`: a full fp32 query

@@ -11,14 +11,13 @@ namespace {
 absl::Status CheckPart(const Neighbors& part, size_t index, int64_t rows) {
   const size_t size = static_cast<size_t>(part.rows) * part.k;
   if (part.rows != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("MergeTopK: part ", index, " has ",
-                                                   part.rows, " rows, part 0 has ", rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MergeTopK: part ", index, " has ", part.rows, " rows, part 0 has ", rows));
   }
   if (part.k < 0 || part.distances.size() != size || part.ids.size() != size ||
       (part.has_values() && part.values.size() != size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MergeTopK: part ", index, " arrays do not match rows x k = ", part.rows,
-                     " x ", part.k));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MergeTopK: part ", index, " arrays do not match rows x k = ", part.rows, " x ", part.k));
   }
   return absl::OkStatus();
 }

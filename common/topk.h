@@ -14,8 +14,7 @@ namespace knnserve {
 //
 // REQUIRES: each part's rows are sorted in RanksBefore order (as every search returns them).
 // Returns INVALID_ARGUMENT when parts disagree on the row count or are inconsistently sized.
-absl::StatusOr<Neighbors> MergeTopK(absl::Span<const Neighbors* const> parts, int k,
-                                    Metric metric);
+absl::StatusOr<Neighbors> MergeTopK(absl::Span<const Neighbors* const> parts, int k, Metric metric);
 
 }  // namespace knnserve
 

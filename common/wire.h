@@ -3,9 +3,8 @@
 #ifndef KNNSERVE_COMMON_WIRE_H_
 #define KNNSERVE_COMMON_WIRE_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/matrix.h"
 #include "common/search_types.h"
 #include "knnserve/v1/retrieval.pb.h"

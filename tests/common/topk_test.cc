@@ -59,8 +59,8 @@ TEST_P(TopKMergeRandom, EqualsSortOfConcatenation) {
         const int n = rng() % (part_k + 3);  // sometimes fewer than part_k: missing entries
         for (int i = 0; i < n; ++i) {
           // Few distinct distances so that ties are common and must be broken by id.
-          part_rows[r].push_back({static_cast<float>(rng() % 7), next_id++,
-                                  static_cast<int32_t>(rng() % 100)});
+          part_rows[r].push_back(
+              {static_cast<float>(rng() % 7), next_id++, static_cast<int32_t>(rng() % 100)});
         }
       }
       parts.push_back(MakePart(part_rows, part_k, metric));
@@ -68,8 +68,7 @@ TEST_P(TopKMergeRandom, EqualsSortOfConcatenation) {
         const int kept = std::min<int>(part_k, part_rows[r].size());
         for (int j = 0; j < kept; ++j) {
           all[r].push_back({parts.back().distances[r * part_k + j],
-                            parts.back().ids[r * part_k + j],
-                            parts.back().values[r * part_k + j]});
+                            parts.back().ids[r * part_k + j], parts.back().values[r * part_k + j]});
         }
       }
     }
