@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
@@ -40,6 +41,24 @@ absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows
     }
   }
   return absl::OkStatus();
+}
+
+// The exponent bits of IEEE fp32 and fp16 values: all set for NaN and Inf alone.
+constexpr uint32_t kFp32Exponent = 0x7f800000u;
+constexpr uint16_t kFp16Exponent = 0x7c00u;
+
+// Whether none of the `n` floating-point values at `bytes` (`Bits` wide, not necessarily
+// aligned) is NaN or Inf, read from their bits without a branch per element, so that the scan
+// vectorizes.
+template <typename Bits>
+bool AllFinite(const char* bytes, int64_t n, Bits exponent) {
+  uint32_t not_finite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Bits bits;
+    std::memcpy(&bits, bytes + i * sizeof(bits), sizeof(bits));
+    not_finite |= static_cast<uint32_t>((bits & exponent) == exponent);
+  }
+  return not_finite == 0;
 }
 
 }  // namespace
@@ -122,6 +141,9 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
 }
 
 absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
+  if (AllFinite(reinterpret_cast<const char*>(m.data()), m.size(), kFp32Exponent)) {
+    return absl::OkStatus();
+  }
   const float* data = m.data();
   for (int64_t i = 0; i < m.size(); ++i) {
     if (!std::isfinite(data[i])) {
@@ -130,6 +152,17 @@ absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckFinite(const v1::Matrix& packed, absl::string_view what) {
+  const std::string& data = packed.data();
+  const bool finite = packed.dtype() == v1::DTYPE_FP16
+                          ? AllFinite(data.data(), data.size() / 2, kFp16Exponent)
+                          : AllFinite(data.data(), data.size() / 4, kFp32Exponent);
+  if (finite) return absl::OkStatus();
+  // Rare: decode for the message that names the first NaN/Inf.
+  ASSIGN_OR_RETURN(Matrix<float> decoded, DecodeMatrix(packed, what));
+  return CheckFinite(decoded, what);
 }
 
 bool IsUnknownSubsetSession(const absl::Status& status) {
@@ -146,7 +179,7 @@ std::string NewSubsetSession() {
 
 absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
                                                const IndexShape& shape, const RequestLimits& limits,
-                                               const SubsetSource& subsets) {
+                                               const SubsetSource& subsets, QueryForm form) {
   if (!request.has_queries()) return absl::InvalidArgumentError("queries: missing");
   RETURN_IF_ERROR(ValidateQueryShape(request.queries(), shape, limits));
   RETURN_IF_ERROR(ValidateParams(request.params(), limits));
@@ -156,8 +189,14 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
                      kMaxSubsetSessionBytes));
   }
   SearchQuery query;
-  ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
-  RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+  if (form == QueryForm::kPacked) {
+    RETURN_IF_ERROR(ValidateMatrix(request.queries(), "queries"));
+    RETURN_IF_ERROR(CheckFinite(request.queries(), "queries"));
+    query.packed_queries = request.queries();
+  } else {
+    ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
+    RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+  }
   query.queries_dtype = request.queries().dtype();
   query.params.k = request.params().k();
   query.params.nprobe = request.params().nprobe();
@@ -184,8 +223,7 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   }
   if (query.is_subset()) {
     query.row_group.assign(request.row_group().begin(), request.row_group().end());
-    RETURN_IF_ERROR(
-        ValidateRowGroups(query.row_group, query.queries.rows(), query.subset_groups->size()));
+    RETURN_IF_ERROR(ValidateRowGroups(query.row_group, query.rows(), query.subset_groups->size()));
   } else if (request.row_group_size() > 0) {
     return absl::InvalidArgumentError("row_group given without subset_groups");
   }

@@ -1,6 +1,7 @@
 #include "common/topk.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,23 @@ absl::StatusOr<Neighbors> MergeTopK(absl::Span<const Neighbors* const> parts, in
     }
   }
   return out;
+}
+
+bool IsMergedTopK(const Neighbors& part, int k, Metric metric) {
+  if (part.k != k || !CheckPart(part, 0, part.rows).ok()) return false;
+  const float worst = WorstDistance(metric);
+  for (int64_t r = 0; r < part.rows; ++r) {
+    const int64_t end = (r + 1) * k;
+    int64_t i = r * k;
+    while (i < end && part.ids[i] >= 0) ++i;
+    for (; i < end; ++i) {
+      if (part.ids[i] != -1 || std::memcmp(&part.distances[i], &worst, sizeof(worst)) != 0 ||
+          (part.has_values() && part.values[i] != -1)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace knnserve

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/half.h"
+#include "common/status_macros.h"
 
 namespace knnserve {
 
@@ -21,7 +22,7 @@ int DTypeSize(v1::DType dtype) {
   }
 }
 
-absl::StatusOr<Matrix<float>> DecodeMatrix(const v1::Matrix& packed, absl::string_view what) {
+absl::Status ValidateMatrix(const v1::Matrix& packed, absl::string_view what) {
   const int element_size = DTypeSize(packed.dtype());
   if (element_size == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -46,6 +47,13 @@ absl::StatusOr<Matrix<float>> DecodeMatrix(const v1::Matrix& packed, absl::strin
         absl::StrCat(what, ": data holds ", packed.data().size(), " bytes but ", rows, " x ", cols,
                      " ", v1::DType_Name(packed.dtype()), " needs ", expected_bytes));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Matrix<float>> DecodeMatrix(const v1::Matrix& packed, absl::string_view what) {
+  RETURN_IF_ERROR(ValidateMatrix(packed, what));
+  const int64_t count = packed.rows() * packed.cols();
+  const int64_t expected_bytes = count * DTypeSize(packed.dtype());
   std::vector<float> values(count);
   if (packed.dtype() == v1::DTYPE_FP32) {
     std::memcpy(values.data(), packed.data().data(), expected_bytes);
@@ -54,7 +62,7 @@ absl::StatusOr<Matrix<float>> DecodeMatrix(const v1::Matrix& packed, absl::strin
     std::memcpy(halves.data(), packed.data().data(), expected_bytes);
     HalvesToFloats(halves.data(), count, values.data());
   }
-  return Matrix<float>(rows, cols, std::move(values));
+  return Matrix<float>(packed.rows(), packed.cols(), std::move(values));
 }
 
 void EncodeMatrix(MatrixView<const float> m, v1::DType dtype, v1::Matrix* packed) {
@@ -63,13 +71,12 @@ void EncodeMatrix(MatrixView<const float> m, v1::DType dtype, v1::Matrix* packed
   packed->set_cols(m.cols);
   packed->set_dtype(dtype);
   std::string* data = packed->mutable_data();
-  data->resize(m.size() * DTypeSize(dtype));
   if (dtype == v1::DTYPE_FP32) {
-    std::memcpy(data->data(), m.data, data->size());
+    data->assign(reinterpret_cast<const char*>(m.data), m.size() * sizeof(float));
   } else {
     std::vector<uint16_t> halves(m.size());
     FloatsToHalves(m.data, m.size(), halves.data());
-    std::memcpy(data->data(), halves.data(), data->size());
+    data->assign(reinterpret_cast<const char*>(halves.data()), m.size() * sizeof(uint16_t));
   }
 }
 

@@ -115,6 +115,50 @@ TEST(TopKMerge, DropsValuesUnlessEveryPartHasThem) {
   EXPECT_FALSE(merged.has_values());
 }
 
+// IsMergedTopK says yes only when merging the part alone returns it unchanged.
+TEST_P(TopKMergeRandom, IsMergedTopKMeansMergingAloneChangesNothing) {
+  const Metric metric = GetParam();
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> count(0, 6);
+  std::uniform_real_distribution<float> distance(0, 1);
+  int merged_seen = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::vector<Candidate>> rows(3);
+    for (auto& row : rows) {
+      const int n = count(rng);
+      for (int i = 0; i < n; ++i) row.push_back({distance(rng), trial * 100 + i, i});
+    }
+    Neighbors part = MakePart(rows, 4, metric);
+    if (trial % 3 == 1) part.values.clear();
+    if (trial % 5 == 2) part.distances.back() = 0.5f;  // a missing entry that is not Missing's
+    if (trial % 7 == 3) part.values.assign(part.values.size(), -1);
+    for (const int k : {4, 3}) {
+      ASSERT_OK_AND_ASSIGN(Neighbors merged, MergeTopK({&part}, k, metric));
+      const bool same = merged.ids == part.ids && merged.values == part.values &&
+                        merged.distances == part.distances && merged.k == part.k;
+      if (IsMergedTopK(part, k, metric)) {
+        EXPECT_TRUE(same) << trial;
+        ++merged_seen;
+      }
+      if (k != part.k) EXPECT_FALSE(IsMergedTopK(part, k, metric));
+    }
+  }
+  EXPECT_GT(merged_seen, 50);
+}
+
+TEST(TopKMerge, IsMergedTopKRefusesMissingEntriesUnlikeMissingOnes) {
+  Neighbors part = MakePart({{{0.5f, 7, 1}}}, 3, Metric::kL2);
+  EXPECT_TRUE(IsMergedTopK(part, 3, Metric::kL2));
+  part.distances[2] = 0.0f;  // id -1 with a distance merging would replace
+  EXPECT_FALSE(IsMergedTopK(part, 3, Metric::kL2));
+  part = MakePart({{{0.5f, 7, 1}}}, 3, Metric::kL2);
+  part.ids[2] = -2;
+  EXPECT_FALSE(IsMergedTopK(part, 3, Metric::kL2));
+  part = MakePart({{{0.5f, 7, 1}}}, 3, Metric::kL2);
+  part.ids.pop_back();  // inconsistently sized
+  EXPECT_FALSE(IsMergedTopK(part, 3, Metric::kL2));
+}
+
 TEST(TopKMerge, RejectsPartsWithDifferentRowCounts) {
   const Neighbors a = Neighbors::Missing(2, 3, Metric::kL2, false);
   const Neighbors b = Neighbors::Missing(3, 3, Metric::kL2, false);
