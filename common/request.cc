@@ -1,8 +1,8 @@
 #include "common/request.h"
 
 #include <algorithm>
-
 #include <cmath>
+#include <cstring>
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
@@ -22,8 +22,8 @@ absl::Status ValidateQueryShape(const v1::Matrix& queries, const IndexShape& sha
         "queries: ", queries.cols(), " columns, but the index dimension is ", shape.dim));
   }
   if (queries.rows() < 1 || queries.rows() > limits.max_rows) {
-    return absl::InvalidArgumentError(absl::StrCat("queries: ", queries.rows(),
-                                                   " rows; must be 1..", limits.max_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("queries: ", queries.rows(), " rows; must be 1..", limits.max_rows));
   }
   return absl::OkStatus();
 }
@@ -31,17 +31,34 @@ absl::Status ValidateQueryShape(const v1::Matrix& queries, const IndexShape& sha
 absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows,
                                size_t num_groups) {
   if (static_cast<int64_t>(row_group.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("row_group: ", row_group.size(),
-                                                   " entries for ", rows, " query rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_group: ", row_group.size(), " entries for ", rows, " query rows"));
   }
   for (size_t i = 0; i < row_group.size(); ++i) {
     if (row_group[i] < 0 || static_cast<size_t>(row_group[i]) >= num_groups) {
-      return absl::InvalidArgumentError(absl::StrCat("row_group[", i, "] = ", row_group[i],
-                                                     " is not a group index in [0, ",
-                                                     num_groups, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row_group[", i, "] = ", row_group[i], " is not a group index in [0, ", num_groups, ")"));
     }
   }
   return absl::OkStatus();
+}
+
+// The exponent bits of IEEE fp32 and fp16 values: all set for NaN and Inf alone.
+constexpr uint32_t kFp32Exponent = 0x7f800000u;
+constexpr uint16_t kFp16Exponent = 0x7c00u;
+
+// Whether none of the `n` floating-point values at `bytes` (`Bits` wide, not necessarily
+// aligned) is NaN or Inf, read from their bits without a branch per element, so that the scan
+// vectorizes.
+template <typename Bits>
+bool AllFinite(const char* bytes, int64_t n, Bits exponent) {
+  uint32_t not_finite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Bits bits;
+    std::memcpy(&bits, bytes + i * sizeof(bits), sizeof(bits));
+    not_finite |= static_cast<uint32_t>((bits & exponent) == exponent);
+  }
+  return not_finite == 0;
 }
 
 }  // namespace
@@ -71,8 +88,8 @@ absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits&
         absl::StrCat("params.nprobe = ", params.nprobe(), "; must be >= 0 (0 = default)"));
   }
   if (params.ef_search() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "params.ef_search = ", params.ef_search(), "; must be >= 0 (0 = default)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("params.ef_search = ", params.ef_search(), "; must be >= 0 (0 = default)"));
   }
   return absl::OkStatus();
 }
@@ -85,8 +102,8 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
         "subset search requested, but this index holds no subset codes");
   }
   if (groups.size() > limits.max_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "subset_groups: ", groups.size(), " groups; at most ", limits.max_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("subset_groups: ", groups.size(), " groups; at most ", limits.max_rows));
   }
   int64_t total = 0;
   for (const v1::SubsetGroup& group : groups) total += group.sentence_ids_size();
@@ -100,9 +117,9 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
   for (int g = 0; g < groups.size(); ++g) {
     const auto& ids = groups[g].sentence_ids();
     if (ids.empty() || ids.size() > limits.max_subset_sentences) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("subset_groups[", g, "]: ", ids.size(), " sentences; must be 1..",
-                       limits.max_subset_sentences));
+      return absl::InvalidArgumentError(absl::StrCat("subset_groups[", g, "]: ", ids.size(),
+                                                     " sentences; must be 1..",
+                                                     limits.max_subset_sentences));
     }
     for (int i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= shape.num_sentences) {
@@ -116,23 +133,36 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
     std::vector<int64_t>& group = parsed.emplace_back(ids.begin(), ids.end());
     std::sort(group.begin(), group.end());
     if (const auto dup = std::adjacent_find(group.begin(), group.end()); dup != group.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "subset_groups[", g, "]: sentence id ", *dup, " appears more than once"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("subset_groups[", g, "]: sentence id ", *dup, " appears more than once"));
     }
   }
   return parsed;
 }
 
 absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
+  if (AllFinite(reinterpret_cast<const char*>(m.data()), m.size(), kFp32Exponent)) {
+    return absl::OkStatus();
+  }
   const float* data = m.data();
   for (int64_t i = 0; i < m.size(); ++i) {
     if (!std::isfinite(data[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / m.cols(), "][",
-                                                     i % m.cols(), "] is ", data[i],
-                                                     "; queries must be finite"));
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / m.cols(), "][", i % m.cols(),
+                                                     "] is ", data[i], "; queries must be finite"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckFinite(const v1::Matrix& packed, absl::string_view what) {
+  const std::string& data = packed.data();
+  const bool finite = packed.dtype() == v1::DTYPE_FP16
+                          ? AllFinite(data.data(), data.size() / 2, kFp16Exponent)
+                          : AllFinite(data.data(), data.size() / 4, kFp32Exponent);
+  if (finite) return absl::OkStatus();
+  // Rare: decode for the message that names the first NaN/Inf.
+  ASSIGN_OR_RETURN(Matrix<float> decoded, DecodeMatrix(packed, what));
+  return CheckFinite(decoded, what);
 }
 
 bool IsUnknownSubsetSession(const absl::Status& status) {
@@ -149,7 +179,7 @@ std::string NewSubsetSession() {
 
 absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
                                                const IndexShape& shape, const RequestLimits& limits,
-                                               const SubsetSource& subsets) {
+                                               const SubsetSource& subsets, QueryForm form) {
   if (!request.has_queries()) return absl::InvalidArgumentError("queries: missing");
   RETURN_IF_ERROR(ValidateQueryShape(request.queries(), shape, limits));
   RETURN_IF_ERROR(ValidateParams(request.params(), limits));
@@ -159,8 +189,14 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
                      kMaxSubsetSessionBytes));
   }
   SearchQuery query;
-  ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
-  RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+  if (form == QueryForm::kPacked) {
+    RETURN_IF_ERROR(ValidateMatrix(request.queries(), "queries"));
+    RETURN_IF_ERROR(CheckFinite(request.queries(), "queries"));
+    query.packed_queries = request.queries();
+  } else {
+    ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
+    RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+  }
   query.queries_dtype = request.queries().dtype();
   query.params.k = request.params().k();
   query.params.nprobe = request.params().nprobe();
@@ -187,8 +223,7 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   }
   if (query.is_subset()) {
     query.row_group.assign(request.row_group().begin(), request.row_group().end());
-    RETURN_IF_ERROR(ValidateRowGroups(query.row_group, query.queries.rows(),
-                                      query.subset_groups->size()));
+    RETURN_IF_ERROR(ValidateRowGroups(query.row_group, query.rows(), query.subset_groups->size()));
   } else if (request.row_group_size() > 0) {
     return absl::InvalidArgumentError("row_group given without subset_groups");
   }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@ namespace knnserve {
 struct RequestLimits {
   int max_k = 1024;
   int max_rows = 4096;
-  int max_subset_sentences = 65536;         // per group
+  int max_subset_sentences = 65536;              // per group
   int64_t max_total_subset_sentences = 1 << 20;  // over all groups of one request
 
   // The largest request or response message for index dimension `dim`: a full fp32 query
@@ -38,9 +39,16 @@ struct IndexShape {
   int64_t num_sentences = 0;  // 0 when the index holds no subset codes
 };
 
+// How ParseSearchRequest hands over the queries: decoded to fp32 (what engines search), or
+// packed as they arrived (what a router forwards to its shards unchanged).
+enum class QueryForm { kDecoded, kPacked };
+
 // A validated request.
 struct SearchQuery {
-  Matrix<float> queries;  // rows x dim, finite
+  Matrix<float> queries;  // rows x dim, finite; empty when the queries are packed
+  // kPacked: the request's queries, validated (shape, byte length, finite values) but not
+  // decoded, and `queries` empty. Unset for kDecoded.
+  std::optional<v1::Matrix> packed_queries;
   SearchParams params;
   // Subset search when set: row_group[i] (queries.rows() entries) indexes *subset_groups.
   // Shared so that the steps of a stream reuse the session's groups without copying them.
@@ -51,11 +59,14 @@ struct SearchQuery {
   // The token naming subset_groups across requests (SearchRequest.subset_session): the
   // request's own, or the one its stream chose at setup. Empty when none.
   std::string subset_session;
-  // The element type the queries arrived in. A router forwards them in it: fp16 decoded to
-  // fp32 encodes back to the same fp16 values.
+  // The element type the queries arrived in. A router forwards them in it: packed as they came,
+  // or, decoded, re-encoded (fp16 decoded to fp32 encodes back to the same fp16 values).
   v1::DType queries_dtype = v1::DTYPE_FP32;
 
   bool is_subset() const { return subset_groups != nullptr; }
+  int64_t rows() const {
+    return packed_queries.has_value() ? packed_queries->rows() : queries.rows();
+  }
 };
 
 // Where a request without subset groups of its own finds them.
@@ -80,12 +91,15 @@ inline constexpr size_t kMaxSubsetSessionBytes = 64;
 // A new random token for a subset session (16 bytes: no two sessions of any router collide).
 std::string NewSubsetSession();
 
-// Validates and decodes `request`. A request without subset groups of its own searches those
-// kept under its subset_session token, or else the stream's (see SubsetSource); groups that
-// come with a token are kept under it once the request is valid.
+// Validates and decodes `request` (its queries to fp32, or copied packed: see QueryForm). A
+// request without subset groups of its own searches those kept under its subset_session token,
+// or else the stream's (see SubsetSource); groups that come with a token are kept under it
+// once the request is valid. Both forms accept and refuse the same requests, with the same
+// messages.
 absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
                                                const IndexShape& shape, const RequestLimits& limits,
-                                               const SubsetSource& subsets = {});
+                                               const SubsetSource& subsets = {},
+                                               QueryForm form = QueryForm::kDecoded);
 
 // The pieces ParseSearchRequest is made of, for stream setup messages.
 absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits);
@@ -95,6 +109,9 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
     const RequestLimits& limits);
 // INVALID_ARGUMENT naming the first NaN/Inf (row and column).
 absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what);
+// The same for a packed matrix that ValidateMatrix (wire.h) accepted, without decoding it
+// unless it holds a NaN/Inf: the same status, message included, as on the decoded matrix.
+absl::Status CheckFinite(const v1::Matrix& packed, absl::string_view what);
 
 }  // namespace knnserve
 

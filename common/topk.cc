@@ -1,6 +1,7 @@
 #include "common/topk.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,14 +12,13 @@ namespace {
 absl::Status CheckPart(const Neighbors& part, size_t index, int64_t rows) {
   const size_t size = static_cast<size_t>(part.rows) * part.k;
   if (part.rows != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("MergeTopK: part ", index, " has ",
-                                                   part.rows, " rows, part 0 has ", rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MergeTopK: part ", index, " has ", part.rows, " rows, part 0 has ", rows));
   }
   if (part.k < 0 || part.distances.size() != size || part.ids.size() != size ||
       (part.has_values() && part.values.size() != size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MergeTopK: part ", index, " arrays do not match rows x k = ", part.rows,
-                     " x ", part.k));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MergeTopK: part ", index, " arrays do not match rows x k = ", part.rows, " x ", part.k));
   }
   return absl::OkStatus();
 }
@@ -73,6 +73,23 @@ absl::StatusOr<Neighbors> MergeTopK(absl::Span<const Neighbors* const> parts, in
     }
   }
   return out;
+}
+
+bool IsMergedTopK(const Neighbors& part, int k, Metric metric) {
+  if (part.k != k || !CheckPart(part, 0, part.rows).ok()) return false;
+  const float worst = WorstDistance(metric);
+  for (int64_t r = 0; r < part.rows; ++r) {
+    const int64_t end = (r + 1) * k;
+    int64_t i = r * k;
+    while (i < end && part.ids[i] >= 0) ++i;
+    for (; i < end; ++i) {
+      if (part.ids[i] != -1 || std::memcmp(&part.distances[i], &worst, sizeof(worst)) != 0 ||
+          (part.has_values() && part.values[i] != -1)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace knnserve

@@ -14,8 +14,13 @@ namespace knnserve {
 //
 // REQUIRES: each part's rows are sorted in RanksBefore order (as every search returns them).
 // Returns INVALID_ARGUMENT when parts disagree on the row count or are inconsistently sized.
-absl::StatusOr<Neighbors> MergeTopK(absl::Span<const Neighbors* const> parts, int k,
-                                    Metric metric);
+absl::StatusOr<Neighbors> MergeTopK(absl::Span<const Neighbors* const> parts, int k, Metric metric);
+
+// Whether MergeTopK({&part}, k, metric) returns `part` as it is (so that a merge of one part can
+// be skipped): `part` is consistently sized with k columns, and in each row every entry from the
+// first negative id on is a missing one as Neighbors::Missing makes it (id -1, the metric's
+// worst distance, value -1 when there are values).
+bool IsMergedTopK(const Neighbors& part, int k, Metric metric);
 
 }  // namespace knnserve
 

@@ -3,9 +3,8 @@
 #ifndef KNNSERVE_COMMON_WIRE_H_
 #define KNNSERVE_COMMON_WIRE_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/matrix.h"
 #include "common/search_types.h"
 #include "knnserve/v1/retrieval.pb.h"
@@ -18,9 +17,13 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 // Bytes per element of `dtype`; 0 for DTYPE_UNSPECIFIED and unknown values.
 int DTypeSize(v1::DType dtype);
 
-// Decodes a packed matrix to fp32. `what` names the field in error messages ("queries").
-// INVALID_ARGUMENT for an unknown dtype, negative shape, or data whose byte length is not
-// rows * cols * DTypeSize(dtype). Values are not checked for NaN/Inf here (see request.h).
+// Checks that a packed matrix can be decoded. `what` names the field in error messages
+// ("queries"). INVALID_ARGUMENT for an unknown dtype, negative shape, or data whose byte length
+// is not rows * cols * DTypeSize(dtype). Values are not checked for NaN/Inf here (see
+// request.h).
+absl::Status ValidateMatrix(const v1::Matrix& packed, absl::string_view what);
+
+// Decodes a packed matrix to fp32; fails as ValidateMatrix does.
 absl::StatusOr<Matrix<float>> DecodeMatrix(const v1::Matrix& packed, absl::string_view what);
 
 // Packs `m` as `dtype` (fp16 rounds to nearest even). REQUIRES: dtype is FP32 or FP16.

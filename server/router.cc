@@ -36,25 +36,31 @@ void AddSubsetGroups(const SubsetGroups& groups, v1::SearchRequest* request) {
   }
 }
 
-// The request every shard `query` needs gets, the queries in the dtype they came in. A subset
+// The request every shard `query` needs gets, the queries in the dtype they came in: packed
+// queries are moved into it as they are (`*query` keeps none), decoded ones encoded. A subset
 // query that names a session (when `use_sessions`) goes without its groups, and with the
 // means to add them for a replica that does not know the session.
-ShardRequest MakeShardRequest(const SearchQuery& query, bool use_sessions) {
+ShardRequest MakeShardRequest(SearchQuery* query, bool use_sessions) {
   auto request = std::make_shared<v1::SearchRequest>();
-  EncodeMatrix(query.queries.view(), query.queries_dtype, request->mutable_queries());
-  request->mutable_params()->set_k(query.params.k);
-  request->mutable_params()->set_nprobe(query.params.nprobe);
-  request->mutable_params()->set_ef_search(query.params.ef_search);
-  request->set_request_id(query.request_id);
-  if (!query.is_subset()) return {std::move(request), nullptr};
-  request->mutable_row_group()->Assign(query.row_group.begin(), query.row_group.end());
-  if (!use_sessions || query.subset_session.empty()) {
-    AddSubsetGroups(*query.subset_groups, request.get());
+  if (query->packed_queries.has_value()) {
+    *request->mutable_queries() = std::move(*query->packed_queries);
+    query->packed_queries.reset();
+  } else {
+    EncodeMatrix(query->queries.view(), query->queries_dtype, request->mutable_queries());
+  }
+  request->mutable_params()->set_k(query->params.k);
+  request->mutable_params()->set_nprobe(query->params.nprobe);
+  request->mutable_params()->set_ef_search(query->params.ef_search);
+  request->set_request_id(query->request_id);
+  if (!query->is_subset()) return {std::move(request), nullptr};
+  request->mutable_row_group()->Assign(query->row_group.begin(), query->row_group.end());
+  if (!use_sessions || query->subset_session.empty()) {
+    AddSubsetGroups(*query->subset_groups, request.get());
     return {std::move(request), nullptr};
   }
-  request->set_subset_session(query.subset_session);
+  request->set_subset_session(query->subset_session);
   auto with_groups = [lean = std::shared_ptr<const v1::SearchRequest>(request),
-                      groups = query.subset_groups] {
+                      groups = query->subset_groups] {
     auto full = std::make_shared<v1::SearchRequest>(*lean);
     AddSubsetGroups(*groups, full.get());
     return std::shared_ptr<const v1::SearchRequest>(std::move(full));
@@ -91,7 +97,7 @@ class FanOut {
       : targets_(std::move(targets)),
         results_(targets_.size()),
         remaining_(static_cast<int>(targets_.size())),
-        rows_(query.queries.rows()),
+        rows_(query.rows()),
         k_(query.params.k),
         subset_(query.is_subset()),
         allow_partial_(query.allow_partial),
@@ -155,6 +161,10 @@ class FanOut {
     }
     if (parts.empty()) {
       answer.neighbors = Neighbors::Missing(rows_, k_, metric_, /*with_values=*/false);
+      return answer;
+    }
+    if (parts.size() == 1 && IsMergedTopK(parts.front(), k_, metric_)) {
+      answer.neighbors = std::move(parts.front());  // what merging it alone would return
       return answer;
     }
     std::vector<const Neighbors*> pointers;
@@ -356,13 +366,14 @@ void Router::Search(SearchCall call, SearchDone done) {
   std::vector<const v1::ShardInfo*> ranges;
   for (size_t target : targets) ranges.push_back(&topology->ranges[target]);
   const absl::Time deadline = std::min(call.deadline, absl::Now() + options_.max_timeout);
-  const ShardRequest request = MakeShardRequest(call.query, options_.subset_sessions);
   // The callbacks keep the topology (which `ranges` point into) alive.
   auto fan_out = std::make_shared<FanOut>(
       std::move(ranges), call.query, topology->metric,
       [topology, done = std::move(done)](absl::StatusOr<SearchAnswer> answer) {
         done(std::move(answer));
       });
+  // After the FanOut, which reads the query's row count: the request takes its queries.
+  const ShardRequest request = MakeShardRequest(&call.query, options_.subset_sessions);
   for (size_t i = 0; i < targets.size(); ++i) {
     StartShardCall(shards_[targets[i]].get(), request, deadline, call.cancel, &scheduler_,
                    &options_.hedge, [fan_out, i](absl::StatusOr<v1::SearchResponse> result) {

@@ -63,6 +63,8 @@ class Router : public SearchBackend {
 
   absl::StatusOr<IndexShape> Shape() const override;
   absl::StatusOr<v1::InfoResponse> Info() const override;
+  // Packed: the router forwards the queries' bytes to the shards without decoding them.
+  QueryForm query_form() const override { return QueryForm::kPacked; }
   void Search(SearchCall call, SearchDone done) override;
 
   // Probes every replica once, now (the prober does so every probe_interval).

@@ -99,7 +99,8 @@ absl::StatusOr<SearchQuery> RetrievalService::Parse(
     const std::string& stream_session) {
   ASSIGN_OR_RETURN(IndexShape shape, backend_->Shape());
   absl::StatusOr<SearchQuery> query = ParseSearchRequest(
-      request, shape, limits_, {std::move(stream_groups), stream_session, &subset_sessions_});
+      request, shape, limits_, {std::move(stream_groups), stream_session, &subset_sessions_},
+      backend_->query_form());
   if (!request.subset_session().empty()) {
     if (!query.ok()) {
       if (IsUnknownSubsetSession(query.status())) sessions_unknown_->Increment();

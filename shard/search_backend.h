@@ -62,6 +62,8 @@ class SearchBackend {
   virtual absl::StatusOr<IndexShape> Shape() const = 0;
   // Info without limits (the service adds them); UNAVAILABLE while not ready.
   virtual absl::StatusOr<v1::InfoResponse> Info() const = 0;
+  // The form Search wants the queries of its calls in (see SearchQuery::packed_queries).
+  virtual QueryForm query_form() const { return QueryForm::kDecoded; }
   // Runs a validated query; `done` is called exactly once, on any thread, possibly before
   // Search returns.
   virtual void Search(SearchCall call, SearchDone done) = 0;

@@ -50,6 +50,58 @@ TEST(ParseSearchRequest, AcceptsAFullSearch) {
   EXPECT_FALSE(query.is_subset());
 }
 
+TEST(ParseSearchRequest, PackedFormKeepsTheQueriesAsTheyCame) {
+  for (const v1::DType dtype : {v1::DTYPE_FP32, v1::DTYPE_FP16}) {
+    v1::SearchRequest request = ValidSubsetRequest();
+    Matrix<float> queries(3, kDim);
+    for (int64_t i = 0; i < queries.size(); ++i) queries.data()[i] = -1.5f + 0.125f * i;
+    EncodeMatrix(queries.view(), dtype, request.mutable_queries());
+    ASSERT_OK_AND_ASSIGN(SearchQuery decoded, ParseSearchRequest(request, kShape, kLimits));
+    ASSERT_OK_AND_ASSIGN(SearchQuery packed,
+                         ParseSearchRequest(request, kShape, kLimits, {}, QueryForm::kPacked));
+    ASSERT_TRUE(packed.packed_queries.has_value());
+    EXPECT_EQ(packed.packed_queries->SerializeAsString(), request.queries().SerializeAsString());
+    EXPECT_EQ(packed.queries.size(), 0);
+    EXPECT_EQ(packed.rows(), 3);
+    EXPECT_FALSE(decoded.packed_queries.has_value());
+    EXPECT_EQ(decoded.rows(), 3);
+    EXPECT_EQ(packed.queries_dtype, dtype);
+    EXPECT_EQ(*packed.subset_groups, *decoded.subset_groups);
+    EXPECT_EQ(packed.row_group, decoded.row_group);
+    EXPECT_EQ(packed.params.k, decoded.params.k);
+  }
+}
+
+// The packed check reads the bits; it must agree with std::isfinite on the decoded values.
+TEST(CheckFinite, PackedAgreesWithTheDecodedCheckOnEveryHalf) {
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    v1::Matrix packed;
+    packed.set_rows(1);
+    packed.set_cols(2);
+    packed.set_dtype(v1::DTYPE_FP16);
+    const uint16_t halves[2] = {0x3c00, static_cast<uint16_t>(bits)};  // 1.0, then `bits`
+    packed.set_data(reinterpret_cast<const char*>(halves), sizeof(halves));
+    ASSERT_OK_AND_ASSIGN(Matrix<float> decoded, DecodeMatrix(packed, "queries"));
+    ASSERT_EQ(CheckFinite(packed, "queries"), CheckFinite(decoded, "queries")) << bits;
+    ASSERT_EQ(CheckFinite(decoded, "queries").ok(), std::isfinite(decoded.at(0, 1))) << bits;
+  }
+}
+
+TEST(CheckFinite, PackedAgreesWithTheDecodedCheckOnSpecialFloats) {
+  const float specials[] = {0.0f,     -0.0f,    1e-45f,    -1e-45f,       1e-38f,          3.4e38f,
+                            -3.4e38f, INFINITY, -INFINITY, std::nanf(""), -std::nanf("1"), 1.0f};
+  for (const float special : specials) {
+    for (int64_t at : {0, 5, 37}) {  // first, in a vector body, last
+      Matrix<float> m(2, 19);
+      m.data()[at] = special;
+      v1::Matrix packed;
+      EncodeMatrix(m.view(), v1::DTYPE_FP32, &packed);
+      EXPECT_EQ(CheckFinite(packed, "queries"), CheckFinite(m, "queries")) << special << at;
+      EXPECT_EQ(CheckFinite(m, "queries").ok(), std::isfinite(special)) << special << at;
+    }
+  }
+}
+
 TEST(ParseSearchRequest, AcceptsASubsetSearch) {
   ASSERT_OK_AND_ASSIGN(SearchQuery query,
                        ParseSearchRequest(ValidSubsetRequest(), kShape, kLimits));
@@ -85,8 +137,11 @@ TEST_P(ParseSearchRequestRejects, WithItsOwnMessage) {
   GetParam().corrupt(&request);
   IndexShape shape = kShape;
   if (GetParam().name == "SubsetWithoutCodes") shape.num_sentences = 0;
-  EXPECT_THAT(ParseSearchRequest(request, shape, kLimits),
-              StatusIs(GetParam().code, HasSubstr(GetParam().message)));
+  const absl::StatusOr<SearchQuery> decoded = ParseSearchRequest(request, shape, kLimits);
+  EXPECT_THAT(decoded, StatusIs(GetParam().code, HasSubstr(GetParam().message)));
+  // A router (packed queries) refuses it with the very same status.
+  EXPECT_EQ(ParseSearchRequest(request, shape, kLimits, {}, QueryForm::kPacked).status(),
+            decoded.status());
 }
 
 const auto kInvalid = absl::StatusCode::kInvalidArgument;
@@ -108,11 +163,11 @@ INSTANTIATE_TEST_SUITE_P(
                   r->mutable_queries()->clear_data();
                 },
                 kInvalid, "queries: 0 rows; must be 1..4096"},
-        BadCase{"TooManyRows", [](auto* r) { r->mutable_queries()->set_rows(5000); },
-                kInvalid, "queries: 5000 rows; must be 1..4096"},
+        BadCase{"TooManyRows", [](auto* r) { r->mutable_queries()->set_rows(5000); }, kInvalid,
+                "queries: 5000 rows; must be 1..4096"},
         BadCase{"UnknownDtype",
-                [](auto* r) { r->mutable_queries()->set_dtype(v1::DTYPE_UNSPECIFIED); },
-                kInvalid, "dtype DTYPE_UNSPECIFIED"},
+                [](auto* r) { r->mutable_queries()->set_dtype(v1::DTYPE_UNSPECIFIED); }, kInvalid,
+                "dtype DTYPE_UNSPECIFIED"},
         BadCase{"ByteLengthMismatch",
                 [](auto* r) { r->mutable_queries()->mutable_data()->resize(10); }, kInvalid,
                 "data holds 10 bytes but 3 x 8 DTYPE_FP32 needs 96"},
@@ -137,23 +192,23 @@ INSTANTIATE_TEST_SUITE_P(
                 "params.k = 0; must be 1..1024"},
         BadCase{"KTooLarge", [](auto* r) { r->mutable_params()->set_k(1025); }, kInvalid,
                 "params.k = 1025"},
-        BadCase{"NegativeNprobe", [](auto* r) { r->mutable_params()->set_nprobe(-1); },
-                kInvalid, "params.nprobe = -1"},
+        BadCase{"NegativeNprobe", [](auto* r) { r->mutable_params()->set_nprobe(-1); }, kInvalid,
+                "params.nprobe = -1"},
         BadCase{"NegativeEfSearch", [](auto* r) { r->mutable_params()->set_ef_search(-2); },
                 kInvalid, "params.ef_search = -2"},
         BadCase{"UnknownSentence",
-                [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 100); },
-                kInvalid, "subset_groups[0].sentence_ids[1] = 100 is not a sentence id"},
+                [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 100); }, kInvalid,
+                "subset_groups[0].sentence_ids[1] = 100 is not a sentence id"},
         BadCase{"NegativeSentence",
-                [](auto* r) { r->mutable_subset_groups(1)->set_sentence_ids(0, -3); },
-                kInvalid, "subset_groups[1].sentence_ids[0] = -3"},
+                [](auto* r) { r->mutable_subset_groups(1)->set_sentence_ids(0, -3); }, kInvalid,
+                "subset_groups[1].sentence_ids[0] = -3"},
         BadCase{"DuplicateSentence",
-                [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 1); },
-                kInvalid, "sentence id 1 appears more than once"},
+                [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 1); }, kInvalid,
+                "sentence id 1 appears more than once"},
         BadCase{"EmptyGroup", [](auto* r) { r->mutable_subset_groups(1)->clear_sentence_ids(); },
                 kInvalid, "subset_groups[1]: 0 sentences"},
-        BadCase{"RowGroupTooShort", [](auto* r) { r->mutable_row_group()->RemoveLast(); },
-                kInvalid, "row_group: 2 entries for 3 query rows"},
+        BadCase{"RowGroupTooShort", [](auto* r) { r->mutable_row_group()->RemoveLast(); }, kInvalid,
+                "row_group: 2 entries for 3 query rows"},
         BadCase{"RowGroupOutOfRange", [](auto* r) { r->set_row_group(2, 2); }, kInvalid,
                 "row_group[2] = 2 is not a group index in [0, 2)"},
         BadCase{"RowGroupWithoutSubset", [](auto* r) { r->clear_subset_groups(); }, kInvalid,

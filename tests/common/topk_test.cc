@@ -59,8 +59,8 @@ TEST_P(TopKMergeRandom, EqualsSortOfConcatenation) {
         const int n = rng() % (part_k + 3);  // sometimes fewer than part_k: missing entries
         for (int i = 0; i < n; ++i) {
           // Few distinct distances so that ties are common and must be broken by id.
-          part_rows[r].push_back({static_cast<float>(rng() % 7), next_id++,
-                                  static_cast<int32_t>(rng() % 100)});
+          part_rows[r].push_back(
+              {static_cast<float>(rng() % 7), next_id++, static_cast<int32_t>(rng() % 100)});
         }
       }
       parts.push_back(MakePart(part_rows, part_k, metric));
@@ -68,8 +68,7 @@ TEST_P(TopKMergeRandom, EqualsSortOfConcatenation) {
         const int kept = std::min<int>(part_k, part_rows[r].size());
         for (int j = 0; j < kept; ++j) {
           all[r].push_back({parts.back().distances[r * part_k + j],
-                            parts.back().ids[r * part_k + j],
-                            parts.back().values[r * part_k + j]});
+                            parts.back().ids[r * part_k + j], parts.back().values[r * part_k + j]});
         }
       }
     }
@@ -114,6 +113,50 @@ TEST(TopKMerge, DropsValuesUnlessEveryPartHasThem) {
   ASSERT_OK_AND_ASSIGN(Neighbors merged, MergeTopK({&a, &b}, 2, Metric::kL2));
   EXPECT_EQ(merged.ids, (std::vector<int64_t>{8, 7}));
   EXPECT_FALSE(merged.has_values());
+}
+
+// IsMergedTopK says yes only when merging the part alone returns it unchanged.
+TEST_P(TopKMergeRandom, IsMergedTopKMeansMergingAloneChangesNothing) {
+  const Metric metric = GetParam();
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> count(0, 6);
+  std::uniform_real_distribution<float> distance(0, 1);
+  int merged_seen = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::vector<Candidate>> rows(3);
+    for (auto& row : rows) {
+      const int n = count(rng);
+      for (int i = 0; i < n; ++i) row.push_back({distance(rng), trial * 100 + i, i});
+    }
+    Neighbors part = MakePart(rows, 4, metric);
+    if (trial % 3 == 1) part.values.clear();
+    if (trial % 5 == 2) part.distances.back() = 0.5f;  // a missing entry that is not Missing's
+    if (trial % 7 == 3) part.values.assign(part.values.size(), -1);
+    for (const int k : {4, 3}) {
+      ASSERT_OK_AND_ASSIGN(Neighbors merged, MergeTopK({&part}, k, metric));
+      const bool same = merged.ids == part.ids && merged.values == part.values &&
+                        merged.distances == part.distances && merged.k == part.k;
+      if (IsMergedTopK(part, k, metric)) {
+        EXPECT_TRUE(same) << trial;
+        ++merged_seen;
+      }
+      if (k != part.k) EXPECT_FALSE(IsMergedTopK(part, k, metric));
+    }
+  }
+  EXPECT_GT(merged_seen, 50);
+}
+
+TEST(TopKMerge, IsMergedTopKRefusesMissingEntriesUnlikeMissingOnes) {
+  Neighbors part = MakePart({{{0.5f, 7, 1}}}, 3, Metric::kL2);
+  EXPECT_TRUE(IsMergedTopK(part, 3, Metric::kL2));
+  part.distances[2] = 0.0f;  // id -1 with a distance merging would replace
+  EXPECT_FALSE(IsMergedTopK(part, 3, Metric::kL2));
+  part = MakePart({{{0.5f, 7, 1}}}, 3, Metric::kL2);
+  part.ids[2] = -2;
+  EXPECT_FALSE(IsMergedTopK(part, 3, Metric::kL2));
+  part = MakePart({{{0.5f, 7, 1}}}, 3, Metric::kL2);
+  part.ids.pop_back();  // inconsistently sized
+  EXPECT_FALSE(IsMergedTopK(part, 3, Metric::kL2));
 }
 
 TEST(TopKMerge, RejectsPartsWithDifferentRowCounts) {
