@@ -78,9 +78,11 @@ int64_t Batcher::CompatibleRows() const {
 bool Batcher::HasWork() const { return stop_ || (!queue_.empty() && !collecting_); }
 
 bool Batcher::BatchReady() const {
-  // Waiting for company only pays under load: a request on an idle shard runs at once.
-  if (stop_ || busy_ == 0 || absl::Now() >= collect_deadline_ ||
-      queue_.front().call.query.is_subset())
+  // Waiting for company only pays under load: a request on an idle shard, or while the calls
+  // already running leave cores free, runs at once (two one-thread calls side by side finish
+  // sooner than one call of both).
+  if (stop_ || busy_ * options_.engine_threads < options_.cores ||
+      absl::Now() >= collect_deadline_ || queue_.front().call.query.is_subset())
     return true;
   return CompatibleRows() >= options_.max_batch_rows;
 }

@@ -7,6 +7,7 @@
 #ifndef KNNSERVE_SHARD_BATCHER_H_
 #define KNNSERVE_SHARD_BATCHER_H_
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -26,6 +27,10 @@ struct BatcherOptions {
   absl::Duration max_wait = absl::Milliseconds(1);
   int max_batch_rows = 1024;
   int num_threads = 2;  // engine calls that may run at once
+  // Waiting for company pays only while the running engine calls (engine_threads OpenMP
+  // threads each) occupy all `cores`; otherwise a request starts at once on a free worker.
+  int engine_threads = 1;
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
 using EngineDone = std::function<void(absl::StatusOr<EngineResult>)>;

@@ -54,6 +54,7 @@ int Run(const ShardFlags& flags) {
   MetricsRegistry metrics;
   BatcherOptions batcher = flags.batcher;
   batcher.max_wait = absl::Microseconds(flags.batch_wait_us);
+  batcher.engine_threads = flags.threads;
   ShardBackend backend(flags.shard_id, batcher, &metrics);
   RetrievalService service(&backend, flags.server.limits, &metrics,
                            flags.server.subset_session_sentences);

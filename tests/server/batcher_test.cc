@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -85,6 +86,49 @@ TEST_F(BatcherTest, CoalescesQueuedRequestsWithEqualParamsIntoOneEngineCall) {
     EXPECT_EQ(outcomes[i]->result->neighbors.ids, alone.neighbors.ids);
     EXPECT_EQ(outcomes[i]->result->neighbors.distances, alone.neighbors.distances);
     EXPECT_EQ(outcomes[i]->result->neighbors.values, alone.neighbors.values);
+  }
+}
+
+// With two workers: while the running call leaves a core free, the next request starts at once
+// (however long max_wait); when the running calls take every core, it waits for company and
+// is coalesced with the request that comes next.
+TEST(BatcherCores, WaitsForCompanyOnlyWhenRunningCallsTakeEveryCore) {
+  for (const int cores : {2, 1}) {
+    SCOPED_TRACE(absl::StrCat(cores, " cores"));
+    MetricsRegistry metrics;
+    ControlledEngine engine(std::make_unique<FlatEngine>(MakeDatastore(60, kDim, 5, 1), 0, 60));
+    BatcherOptions options{absl::Seconds(30), /*max_batch_rows=*/2, /*num_threads=*/2,
+                           /*engine_threads=*/1, cores};
+    Batcher batcher(&engine, options, &metrics);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    auto submit = [&](uint32_t seed) {
+      auto outcome = std::make_shared<Outcome>();
+      SearchCall call;
+      call.query.queries = RandomQueries(1, kDim, seed);
+      call.query.params.k = 3;
+      batcher.Submit(std::move(call), [outcome](absl::StatusOr<EngineResult> result) {
+        outcome->result = std::move(result);
+        outcome->done.Notify();
+      });
+      outcomes.push_back(outcome);
+    };
+    engine.CloseGate();
+    submit(1);
+    ASSERT_TRUE(engine.WaitForCallsAtGate(1, absl::Seconds(10)));
+    submit(2);
+    if (cores == 2) {
+      EXPECT_TRUE(engine.WaitForCallsAtGate(2, absl::Seconds(10)));  // not 30 s of waiting
+    } else {
+      EXPECT_FALSE(engine.WaitForCallsAtGate(2, absl::Milliseconds(300)));
+      submit(3);  // two rows: the waiting batch is full and runs
+      EXPECT_TRUE(engine.WaitForCallsAtGate(2, absl::Seconds(10)));
+    }
+    engine.OpenGate();
+    for (const auto& outcome : outcomes) {
+      ASSERT_TRUE(outcome->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      EXPECT_THAT(outcome->result, ::knnserve::testing::IsOk());
+    }
+    EXPECT_EQ(engine.calls(), 2);
   }
 }
 
