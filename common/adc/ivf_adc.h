@@ -102,13 +102,15 @@ class IvfAdc {
   void ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
                              Scratch& scratch) const;
   // Offers the survivors of scratch.filter (positions in `list`) to scratch.heap with their exact
-  // distances x_norm + residual cost.
-  void OfferSurvivors(int64_t list, const float* x, float x_norm, int k, Scratch& scratch) const;
+  // distances x_norm + residual cost; residual_lut: x's residual table if already built.
+  void OfferSurvivors(int64_t list, const float* x, float x_norm, int k, const float* residual_lut,
+                      Scratch& scratch) const;
 
   const PqCodebook codebook_;
   const std::vector<float> coarse_centroids_;
   const Options options_;
   const QuantizedAdcKernels kernels_;
+  const AdcScanFn exact_;  // survivors' costs from a residual table (bit-identical to scalar)
   const AdcTableKernels& tables_;
   const std::vector<float> centroids_t_;  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
   std::vector<float> norms_;              // m x 256: ||r_mc||²
