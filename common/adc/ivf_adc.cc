@@ -313,7 +313,8 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
 // [base' + step (Q − slack'), base' + step (Q + upper)), base' = base + min,
 // slack' = slack + extra, upper = m + slack + ceil(ratio) + extra, where `extra` steps cover
 // the rounding of T's entries and sums, of the residual form, of x and of base' (bounded from
-// the magnitudes by Cauchy-Schwarz, with a wide factor) plus the biases' flooring.
+// the magnitudes by Cauchy-Schwarz, with a wide factor) plus the biases' flooring; the
+// filter's margin is the window's width, upper + slack'.
 bool IvfAdc::ScanWithQueryTable(int64_t list, const float* x, float x_norm, double query_norm,
                                 const LutQuantization& query_bounds, int k,
                                 Scratch& scratch) const {

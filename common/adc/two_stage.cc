@@ -43,7 +43,8 @@ int64_t LutQuantization::LargestSumWithin(double cost) const {
 
 // The bounds: an entry is floor((cost − min_m) / step) computed in float, so a vector's exact
 // cost lies in [base + step * Q, base + step * (Q + m)) up to the rounding of the entries and
-// of the exact scan's own sums; `slack` steps cover that rounding (from the table's magnitude).
+// of the exact scan's own sums; `slack` steps cover that rounding (from the table's magnitude)
+// on either side, so the window is m + 2 slack steps wide.
 LutQuantization QuantizeLut(const float* lut, int m_count, Metric metric, uint8_t* table) {
   const AdcTableKernels& kernels = BestAdcTableKernels();
   const float sign = metric == Metric::kL2 ? 1.0f : -1.0f;
@@ -69,7 +70,7 @@ LutQuantization QuantizeLut(const float* lut, int m_count, Metric metric, uint8_
   const double rounding = 4.0 * (m_count + 2) * FLT_EPSILON * magnitude / q.step;
   q.base = static_cast<float>(base);
   q.slack = static_cast<int>(std::min<double>(LutQuantization::kKeepAll, 1 + std::ceil(rounding)));
-  q.margin = std::min(LutQuantization::kKeepAll, m_count + q.slack);
+  q.margin = std::min(LutQuantization::kKeepAll, m_count + 2 * q.slack);
   return q;
 }
 

@@ -30,12 +30,14 @@ void WriteNearestFirst(Metric metric, std::vector<Candidate>& heap, int64_t row,
 
 // How a float table was quantized to bytes (QuantizeLut): with Q the integer sum of a vector's
 // entries, its exact cost (the scalar scan's sum; −inner product for that metric) lies within
-// [base + step * (Q − slack), base + step * (Q + margin)).
+// [base + step * (Q − slack), base + step * (Q − slack + margin)).
 struct LutQuantization {
   float base = 0.0f;  // Σ_m min_c cost[m][c]
   float step = 0.0f;
-  int slack = 0;  // steps for the float rounding of the entries and of the exact sums
-  // m + slack: a vector can only be among the k nearest if Q <= (k-th smallest Q) + margin.
+  int slack = 0;  // steps below Q that the float rounding can put the exact cost
+  // The window's width in steps (m + 2 slack for QuantizeLut): a vector y can only be among the
+  // k nearest if its lowest possible cost is at most the k-th smallest sum's highest,
+  // Q_y − slack <= Q_k − slack + margin, i.e. Q_y <= Q_k + margin.
   // kKeepAll for a degenerate table (all entries equal, or not finite): keep every vector.
   int margin = 0;
 
