@@ -219,6 +219,21 @@ const faiss::IndexFlat* ExactL2Flat(const faiss::Index* index) {
   return exact ? flat : nullptr;
 }
 
+// The squared norms of an exact L2 Flat index's vectors, which faiss's exact search otherwise
+// recomputes (a scalar pass over all of them) at every call.
+std::vector<float> StoredNorms(const faiss::IndexFlat& flat) {
+  std::vector<float> norms(flat.ntotal);
+  faiss::fvec_norms_L2sqr(norms.data(), flat.get_xb(), flat.d, flat.ntotal);
+  return norms;
+}
+
+// The k nearest of n queries in an exact L2 Flat index by squared L2, as IndexFlat::search
+// computes them (knn_L2sqr), given the stored norms: the same answers.
+void FlatL2Search(const faiss::IndexFlat& flat, const std::vector<float>& norms, const float* x,
+                  int64_t n, int64_t k, float* distances, idx_t* labels) {
+  faiss::knn_L2sqr(x, flat.get_xb(), flat.d, n, flat.ntotal, k, distances, labels, norms.data());
+}
+
 // Copies what IvfAdc needs out of an eligible IVF-PQ index.
 IvfPqLists ExportIvfPqLists(const faiss::IndexIVFPQ& ivfpq) {
   IvfPqLists lists;
@@ -353,8 +368,8 @@ absl::StatusOr<Neighbors> FaissIndex::SearchFlatWithNorms(MatrixView<const float
   out.distances.resize(queries.rows * params.k);
   std::vector<idx_t> labels(queries.rows * params.k);
   RETURN_IF_ERROR(Guard("search", threads_, [&] {
-    faiss::knn_L2sqr(queries.data, flat->get_xb(), flat->d, queries.rows, flat->ntotal, params.k,
-                     out.distances.data(), labels.data(), flat_norms_.data());
+    FlatL2Search(*flat, flat_norms_, queries.data, queries.rows, params.k, out.distances.data(),
+                 labels.data());
   }));
   out.ids.assign(labels.begin(), labels.end());
   NormaliseRows(metric(), out);
@@ -381,8 +396,13 @@ absl::StatusOr<Neighbors> FaissIndex::SearchWithIvfAdc(MatrixView<const float> q
         x = transformed.view();
       }
     }
-    ivf->quantizer->search(n, x.data, nprobe, coarse_distances.data(), probes.data(),
-                           chain.quantizer());
+    if (!coarse_norms_.empty()) {
+      FlatL2Search(*ExactL2Flat(ivf->quantizer), coarse_norms_, x.data, n, nprobe,
+                   coarse_distances.data(), probes.data());
+    } else {
+      ivf->quantizer->search(n, x.data, nprobe, coarse_distances.data(), probes.data(),
+                             chain.quantizer());
+    }
   }));
   return ivf_adc_->Search(x, probes.view(), params.k);
 }
@@ -410,10 +430,7 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
 absl::Status FaissIndex::PrepareForServing(AdcKernel kernel, bool ivf_query_tables) {
   if (const faiss::IndexFlat* flat = ExactL2Flat(index_.get()); flat != nullptr) {
     if (flat->ntotal == 0 || !flat_norms_.empty()) return absl::OkStatus();
-    flat_norms_.resize(flat->ntotal);
-    return Guard("flat norms", threads_, [&] {
-      faiss::fvec_norms_L2sqr(flat_norms_.data(), flat->get_xb(), flat->d, flat->ntotal);
-    });
+    return Guard("flat norms", threads_, [&] { flat_norms_ = StoredNorms(*flat); });
   }
   faiss::IndexIVFPQ* ivfpq = IvfAdcCandidate(index_.get());
   if (ivf_adc_ != nullptr || ivfpq == nullptr || !IsQuantized(kernel)) return CompactIds();
@@ -422,6 +439,10 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel, bool ivf_query_tabl
       Guard("export inverted lists", threads_, [&] { lists = ExportIvfPqLists(*ivfpq); }));
   ASSIGN_OR_RETURN(ivf_adc_,
                    IvfAdc::Create(std::move(lists), {threads_, kernel, ivf_query_tables}));
+  if (const faiss::IndexFlat* quantizer = ExactL2Flat(ivfpq->quantizer); quantizer != nullptr) {
+    RETURN_IF_ERROR(
+        Guard("coarse centroid norms", threads_, [&] { coarse_norms_ = StoredNorms(*quantizer); }));
+  }
   // faiss's copy of the lists and its precomputed tables (nlist x m x 256 floats) are no longer
   // read: keep empty lists of the same shape.
   return Guard("release inverted lists", threads_, [&] {

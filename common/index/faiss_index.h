@@ -104,6 +104,9 @@ class FaissIndex : public SearchIndex {
   const int threads_;
   std::unique_ptr<IvfAdc> ivf_adc_;  // set by PrepareForServing for eligible IVF-PQ indexes
   std::vector<float> flat_norms_;    // set by PrepareForServing for Flat L2 indexes
+  // Set by PrepareForServing with IvfAdc when the coarse quantizer is an exact L2 Flat index:
+  // its centroids' squared norms, for the coarse search.
+  std::vector<float> coarse_norms_;
 };
 
 // The subset quantizer: the vector transforms of an index (its PCA/OPQ chain, or none) followed
