@@ -356,14 +356,19 @@ bool IvfAdc::ScanWithQueryTable(int64_t list, const float* x, float x_norm, doub
   return true;
 }
 
+const float* IvfAdc::BuildResidualLut(const float* x, Scratch& scratch) const {
+  scratch.residual_lut.resize(static_cast<size_t>(codebook_.m) * kLutSize);
+  float* lut = scratch.residual_lut.data();
+  tables_.residual_luts(&x, 1, centroids_t_.data(), norms_.data(), codebook_.m, codebook_.dsub,
+                        &lut);
+  return lut;
+}
+
 void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
                                    Scratch& scratch) const {
   const int m = codebook_.m;
-  const size_t table_size = static_cast<size_t>(m) * kLutSize;
-  scratch.residual_lut.resize(table_size);
-  scratch.residual_table.resize(table_size);
-  float* lut = scratch.residual_lut.data();
-  tables_.residual_luts(&x, 1, centroids_t_.data(), norms_.data(), m, codebook_.dsub, &lut);
+  const float* lut = BuildResidualLut(x, scratch);
+  scratch.residual_table.resize(static_cast<size_t>(m) * kLutSize);
   const LutQuantization bounds =
       adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.residual_table.data());
   const int64_t cap = SumCap(scratch.heap, k, bounds, x_norm);
@@ -387,10 +392,7 @@ void IvfAdc::OfferSurvivors(int64_t list, const float* x, float x_norm, int k,
   const uint32_t* ids = ids_.data() + list_begin_[list];
   const auto& survivors = scratch.filter.Survivors();
   if (residual_lut == nullptr && survivors.size() > kResidualTableAbove) {
-    scratch.residual_lut.resize(static_cast<size_t>(m) * kLutSize);
-    float* lut = scratch.residual_lut.data();
-    tables_.residual_luts(&x, 1, centroids_t_.data(), norms_.data(), m, codebook_.dsub, &lut);
-    residual_lut = lut;
+    residual_lut = BuildResidualLut(x, scratch);
   }
   if (residual_lut != nullptr) {
     adc_internal::ExactCostsOfSurvivors(exact_, residual_lut, blocks, m, survivors, scratch.codes,

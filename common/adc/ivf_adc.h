@@ -98,6 +98,8 @@ class IvfAdc {
   bool ScanWithQueryTable(int64_t list, const float* x, float x_norm, double query_norm,
                           const adc_internal::LutQuantization& query_bounds, int k,
                           Scratch& scratch) const;
+  // The residual table of x (m x 256, residual_luts) in scratch.residual_lut.
+  const float* BuildResidualLut(const float* x, Scratch& scratch) const;
   // Scans `list` with the residual table of x = q − c_list.
   void ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
                              Scratch& scratch) const;
