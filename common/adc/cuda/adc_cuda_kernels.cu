@@ -386,7 +386,9 @@ std::vector<std::vector<int64_t>> CandidateLevels(const SubsetScan& scan, int ke
   const int nq = scan.num_queries;
   std::vector<std::vector<int64_t>> levels(1, std::vector<int64_t>(nq + 1, 0));
   for (int q = 0; q < nq; ++q) {
-    const int64_t tiles = (scan.group_total[scan.query_group[q]] + kTile - 1) / kTile;
+    const int g = scan.query_group[q];
+    const int64_t positions = scan.group_position[g + 1] - scan.group_position[g];
+    const int64_t tiles = (positions + kTile - 1) / kTile;
     levels[0][q + 1] = levels[0][q] + tiles * kept;
   }
   while (MostCandidates(levels.back()) > kFinalSortLimit) {
@@ -434,19 +436,12 @@ std::string SubsetAdcSearch(const DeviceCodes& codes, const SubsetScan& scan, fl
   const bool descending = scan.inner_product;
   const float pad = descending ? -INFINITY : INFINITY;
   const int kept = std::min(k, kTile);
-  const int64_t num_ranges = scan.group_first_range[scan.num_groups];
-  // The groups' positions flattened, group after group, and where each range starts in them.
-  std::vector<int64_t> group_position(scan.num_groups + 1, 0), range_start(num_ranges + 1, 0);
+  const int64_t num_ranges = scan.num_ranges;
+  const int64_t num_positions = scan.group_position[scan.num_groups];
   int64_t max_total = 0;
   for (int g = 0; g < scan.num_groups; ++g) {
-    group_position[g + 1] = group_position[g] + scan.group_total[g];
-    max_total = std::max(max_total, scan.group_total[g]);
-    for (int64_t r = scan.group_first_range[g]; r < scan.group_first_range[g + 1]; ++r) {
-      range_start[r] = group_position[g] + scan.range_prefix[r];
-    }
+    max_total = std::max(max_total, scan.group_position[g + 1] - scan.group_position[g]);
   }
-  const int64_t num_positions = group_position[scan.num_groups];
-  range_start[num_ranges] = num_positions;
   const std::vector<std::vector<int64_t>> levels = CandidateLevels(scan, kept);
   const int64_t n0 = levels[0][nq], n_last = levels.back()[nq];
   if (n0 == 0) {
@@ -473,9 +468,9 @@ std::string SubsetAdcSearch(const DeviceCodes& codes, const SubsetScan& scan, fl
   if (staging == nullptr) return ErrorText(e);
   Put(staging, at_queries, scan.queries, query_floats);
   Put(staging, at_query_group, scan.query_group, nq);
-  Put(staging, at_group_position, group_position.data(), scan.num_groups + 1);
+  Put(staging, at_group_position, scan.group_position, scan.num_groups + 1);
   Put(staging, at_range_begin, scan.range_begin, num_ranges);
-  Put(staging, at_range_start, range_start.data(), num_ranges + 1);
+  Put(staging, at_range_start, scan.range_start, num_ranges + 1);
   for (size_t l = 0; l < levels.size(); ++l) Put(staging, at_levels[l], levels[l].data(), nq + 1);
 
   // Device-only buffers: tables, tokens of positions, two candidate buffers used in turn by the

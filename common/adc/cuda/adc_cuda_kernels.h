@@ -41,11 +41,11 @@ struct DeviceCodes {
 
 // One batch of subset searches. All arrays are host memory.
 //
-// Group g's positions 0 .. group_total[g] - 1 are the local tokens of its ranges
-// r = group_first_range[g] .. group_first_range[g + 1] - 1 in that order: range r's positions
-// start at range_prefix[r] (0 for the group's first range, ascending) and hold the tokens
-// range_begin[r], range_begin[r] + 1, ... up to the next range's prefix (or group_total[g]).
-// Query q searches the positions of group query_group[q].
+// The groups' positions are numbered group after group: group g's are
+// group_position[g] .. group_position[g + 1] − 1, and the ranges cover them in order, range r's
+// positions range_start[r] .. range_start[r + 1] − 1 (starts strictly ascending, from 0 to the
+// total) holding the local tokens range_begin[r], range_begin[r] + 1, ... A group's tokens are
+// ascending. Query q searches the positions of group query_group[q].
 struct SubsetScan {
   bool inner_product = false;  // rank by descending inner product (else ascending squared L2)
   int k = 0;                   // neighbours per query, >= 1
@@ -53,10 +53,10 @@ struct SubsetScan {
   const float* queries = nullptr;        // num_queries x (m_count * dsub), transformed
   const int32_t* query_group = nullptr;  // num_queries
   int num_groups = 0;
-  const int64_t* group_first_range = nullptr;  // num_groups + 1
-  const int64_t* group_total = nullptr;        // num_groups
-  const int64_t* range_begin = nullptr;        // group_first_range[num_groups] entries
-  const int64_t* range_prefix = nullptr;       // likewise
+  const int64_t* group_position = nullptr;  // num_groups + 1
+  int64_t num_ranges = 0;
+  const int64_t* range_begin = nullptr;  // num_ranges
+  const int64_t* range_start = nullptr;  // num_ranges + 1
 };
 
 // For every query, its m_count x 256 table is built on the device with the operations of

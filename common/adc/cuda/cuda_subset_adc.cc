@@ -15,12 +15,12 @@ absl::Status CudaStatus(const std::string& error, absl::string_view what) {
   return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", error));
 }
 
-// The ranges of the groups that some query row uses, in SubsetScan's layout.
+// The token ranges of the groups that some query row uses, in SubsetScan's layout.
 struct GroupRanges {
   std::vector<int32_t> query_group;  // per query row, its index among the used groups
-  std::vector<int64_t> first_range = {0};
-  std::vector<int64_t> total;
-  std::vector<int64_t> begin, prefix;
+  std::vector<int64_t> group_position = {0};
+  std::vector<int64_t> begin;
+  std::vector<int64_t> start = {0};
 };
 
 GroupRanges UsedGroupRanges(const SubsetCodes& codes, const SubsetGroups& groups,
@@ -30,16 +30,13 @@ GroupRanges UsedGroupRanges(const SubsetCodes& codes, const SubsetGroups& groups
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (int32_t g : row_group) {
     if (used[g] < 0) {
-      used[g] = static_cast<int32_t>(out.total.size());
+      used[g] = static_cast<int32_t>(out.group_position.size()) - 1;
       SubsetRanges(codes, groups[g], ranges);
-      int64_t position = 0;
       for (const auto& [begin, end] : ranges) {
         out.begin.push_back(begin);
-        out.prefix.push_back(position);
-        position += end - begin;
+        out.start.push_back(out.start.back() + end - begin);
       }
-      out.first_range.push_back(static_cast<int64_t>(out.begin.size()));
-      out.total.push_back(position);
+      out.group_position.push_back(out.start.back());
     }
     out.query_group.push_back(used[g]);
   }
@@ -75,11 +72,11 @@ absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(MatrixView<const float>
   scan.num_queries = static_cast<int>(queries.rows);
   scan.queries = queries.data;
   scan.query_group = ranges.query_group.data();
-  scan.num_groups = static_cast<int>(ranges.total.size());
-  scan.group_first_range = ranges.first_range.data();
-  scan.group_total = ranges.total.data();
+  scan.num_groups = static_cast<int>(ranges.group_position.size()) - 1;
+  scan.group_position = ranges.group_position.data();
+  scan.num_ranges = static_cast<int64_t>(ranges.begin.size());
   scan.range_begin = ranges.begin.data();
-  scan.range_prefix = ranges.prefix.data();
+  scan.range_start = ranges.start.data();
   const cuda::DeviceCodes device{codebook.m, codebook.dsub,
                                  static_cast<const uint8_t*>(codes_.get()),
                                  static_cast<const float*>(centroids_t_.get())};
@@ -95,7 +92,7 @@ absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(MatrixView<const float>
     result.neighbors.distances[i] = distances[i];
     result.neighbors.ids[i] = cpu_->codes().token_begin + ids[i];
   }
-  for (int64_t total : ranges.total) result.vectors_scanned += total;
+  result.vectors_scanned = ranges.group_position.back();
   return result;
 }
 
