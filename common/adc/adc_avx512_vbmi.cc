@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "common/adc/adc_kernels.h"
@@ -183,29 +184,42 @@ void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block) {
   for (int column = 0; column < m_count; column += width) PackSlab(rows, width, column, block);
 }
 
-void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
-                       int m_count, const uint16_t* const* biases, const uint16_t* limits,
-                       uint16_t* sums, uint64_t* below) {
+namespace {
+
+// The block's integer sums for kQueries tables, sub-quantizer by sub-quantizer: a line of codes
+// and its half-select mask are loaded once for all queries, whose accumulators stay in registers
+// (2 per query, 16 at most).
+template <int kQueries>
+void ScanBlock(const uint8_t* const* tables, const uint8_t* block, int m_count,
+               const uint16_t* const* biases, const uint16_t* limits, uint16_t* sums,
+               uint64_t* below) {
   const __m512i low_bytes = _mm512_set1_epi16(0x00FF);
-  const Permutations& perms = Perms();
-  const __m512i interleave_first = _mm512_load_si512(perms.interleave[0]);
-  const __m512i interleave_second = _mm512_load_si512(perms.interleave[1]);
-  for (int q = 0; q < num_queries; ++q) {
-    __m512i even = _mm512_setzero_si512();
-    __m512i odd = _mm512_setzero_si512();
-    for (int m = 0; m < m_count; ++m) {
-      const __m512i codes = Load(block + m * kAdcBlock);
+  __m512i even[kQueries], odd[kQueries];
+  // Unrolled, so that the accumulators are registers, not a stack array.
+#pragma GCC unroll 8
+  for (int q = 0; q < kQueries; ++q) even[q] = odd[q] = _mm512_setzero_si512();
+  for (int m = 0; m < m_count; ++m) {
+    const __m512i codes = Load(block + m * kAdcBlock);
+    const __mmask64 high_half = _mm512_movepi8_mask(codes);
+#pragma GCC unroll 8
+    for (int q = 0; q < kQueries; ++q) {
       const uint8_t* table = tables[q] + m * 256;
       const __m512i low = _mm512_permutex2var_epi8(_mm512_loadu_si512(table), codes,
                                                    _mm512_loadu_si512(table + 64));
       const __m512i high = _mm512_permutex2var_epi8(_mm512_loadu_si512(table + 128), codes,
                                                     _mm512_loadu_si512(table + 192));
-      const __m512i entries = _mm512_mask_blend_epi8(_mm512_movepi8_mask(codes), low, high);
-      even = _mm512_add_epi16(even, _mm512_and_si512(entries, low_bytes));
-      odd = _mm512_add_epi16(odd, _mm512_srli_epi16(entries, 8));
+      const __m512i entries = _mm512_mask_blend_epi8(high_half, low, high);
+      even[q] = _mm512_add_epi16(even[q], _mm512_and_si512(entries, low_bytes));
+      odd[q] = _mm512_add_epi16(odd[q], _mm512_srli_epi16(entries, 8));
     }
-    __m512i first = _mm512_permutex2var_epi16(even, interleave_first, odd);
-    __m512i second = _mm512_permutex2var_epi16(even, interleave_second, odd);
+  }
+  const Permutations& perms = Perms();
+  const __m512i interleave_first = _mm512_load_si512(perms.interleave[0]);
+  const __m512i interleave_second = _mm512_load_si512(perms.interleave[1]);
+#pragma GCC unroll 8
+  for (int q = 0; q < kQueries; ++q) {
+    __m512i first = _mm512_permutex2var_epi16(even[q], interleave_first, odd[q]);
+    __m512i second = _mm512_permutex2var_epi16(even[q], interleave_second, odd[q]);
     if (biases != nullptr) {
       first = _mm512_adds_epu16(first, _mm512_loadu_si512(biases[q]));
       second = _mm512_adds_epu16(second, _mm512_loadu_si512(biases[q] + 32));
@@ -215,6 +229,26 @@ void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint
     const __m512i limit = _mm512_set1_epi16(static_cast<int16_t>(limits[q]));
     below[q] = static_cast<uint64_t>(_mm512_cmple_epu16_mask(first, limit)) |
                static_cast<uint64_t>(_mm512_cmple_epu16_mask(second, limit)) << 32;
+  }
+}
+
+using ScanBlockFn = void (*)(const uint8_t* const*, const uint8_t*, int, const uint16_t* const*,
+                             const uint16_t*, uint16_t*, uint64_t*);
+constexpr ScanBlockFn kScanBlock[] = {ScanBlock<1>, ScanBlock<2>, ScanBlock<3>, ScanBlock<4>,
+                                      ScanBlock<5>, ScanBlock<6>, ScanBlock<7>, ScanBlock<8>};
+
+}  // namespace
+
+void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
+                       int m_count, const uint16_t* const* biases, const uint16_t* limits,
+                       uint16_t* sums, uint64_t* below) {
+  // Up to 8 queries per pass (their 16 accumulators fill half the registers).
+  constexpr int kMaxQueries = static_cast<int>(std::size(kScanBlock));
+  for (int first = 0; first < num_queries; first += kMaxQueries) {
+    const int count = std::min(kMaxQueries, num_queries - first);
+    kScanBlock[count - 1](tables + first, block, m_count,
+                          biases != nullptr ? biases + first : nullptr, limits + first,
+                          sums + first * kAdcBlock, below + first);
   }
 }
 

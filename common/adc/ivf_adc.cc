@@ -56,8 +56,7 @@ struct IvfAdc::Scratch {
   std::vector<uint8_t> residual_table;
   CandidateFilter filter;
   uint8_t code[kMaxAdcM];
-  std::vector<uint8_t> codes;  // the survivors' codes, vector after vector
-  std::vector<float> costs;    // and their exact costs
+  std::vector<float> costs;  // the survivors' exact costs
   std::vector<Candidate> heap;
 };
 
@@ -152,7 +151,6 @@ IvfAdc::IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options
       coarse_centroids_(std::move(coarse_centroids)),
       options_(options),
       kernels_(GetQuantizedKernels(options.kernel)),
-      exact_(GetAdcScan(BestExactAdcKernel())),
       tables_(BestAdcTableKernels()),
       centroids_t_(adc_internal::TransposeCentroids(codebook_)),
       norms_(static_cast<size_t>(codebook_.m) * kLutSize),
@@ -395,8 +393,7 @@ void IvfAdc::OfferSurvivors(int64_t list, const float* x, float x_norm, int k,
     residual_lut = BuildResidualLut(x, scratch);
   }
   if (residual_lut != nullptr) {
-    adc_internal::ExactCostsOfSurvivors(exact_, residual_lut, blocks, m, survivors, scratch.codes,
-                                        scratch.costs);
+    adc_internal::ExactCostsOfSurvivors(residual_lut, blocks, m, survivors, scratch.costs);
   } else {
     scratch.costs.resize(survivors.size());
     for (size_t s = 0; s < survivors.size(); ++s) {

@@ -112,7 +112,6 @@ class IvfAdc {
   const std::vector<float> coarse_centroids_;
   const Options options_;
   const QuantizedAdcKernels kernels_;
-  const AdcScanFn exact_;  // survivors' costs from a residual table (bit-identical to scalar)
   const AdcTableKernels& tables_;
   const std::vector<float> centroids_t_;  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
   std::vector<float> norms_;              // m x 256: ||r_mc||²

@@ -23,6 +23,7 @@ namespace {
 
 using adc_internal::Candidate;
 using adc_internal::CandidateFilter;
+using adc_internal::LutQuantization;
 using adc_internal::OfferBounded;
 using adc_internal::PackedLine;
 using adc_internal::QuantizeLut;
@@ -122,8 +123,6 @@ struct SubsetAdc::Scratch {
   std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
   std::shared_ptr<PackedSubset> packed;  // without a cache: the last subset packed here
-  std::vector<uint8_t> survivor_codes;   // one query's survivors' codes, vector after vector
-  std::vector<float> costs;              // and their exact costs
 };
 
 // A group's codes packed for the quantized scan, with the runs they came from (the cache key).
@@ -212,7 +211,6 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
       quantized_(IsQuantized(options.kernel) ? GetQuantizedKernels(options.kernel)
                                              : QuantizedAdcKernels{nullptr, nullptr}),
       lut_(BestAdcLut()),
-      exact_(GetAdcScan(BestExactAdcKernel())),
       cache_(options.packed_cache_bytes > 0 && IsQuantized(options.kernel)
                  ? std::make_unique<PackedCache>(options.packed_cache_bytes)
                  : nullptr),
@@ -357,32 +355,66 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
   for (size_t first = 0; first < rows.size(); first += kMaxQueriesPerPass) {
     const int nq = static_cast<int>(std::min<size_t>(kMaxQueriesPerPass, rows.size() - first));
     const uint8_t* tables[kMaxQueriesPerPass];
+    LutQuantization quantizations[kMaxQueriesPerPass];
     for (int q = 0; q < nq; ++q) {
       float* lut = scratch.luts.data() + q * lut_size;
       ComputeLut(queries.row(rows[first + q]), lut);
       uint8_t* table = scratch.tables.data() + q * lut_size;
-      scratch.filters[q].Reset(k, QuantizeLut(lut, m, metric_, table).margin);
+      quantizations[q] = QuantizeLut(lut, m, metric_, table);
+      scratch.filters[q].Reset(k, quantizations[q].margin);
       tables[q] = table;
     }
     // Stage 1: the filters keep the positions that may be among the k nearest.
     adc_internal::FilterPackedBlocks(quantized_, tables, nq, packed->lines.data(), n, m,
                                      /*biases=*/nullptr, scratch.filters.data());
-    // Stage 2: exact distances of the survivors.
+    // Stage 2: exact distances of the survivors that can still rank.
     for (int q = 0; q < nq; ++q) {
-      const float* lut = scratch.luts.data() + q * lut_size;
-      const auto& survivors = scratch.filters[q].Survivors();
-      adc_internal::ExactCostsOfSurvivors(exact_, lut, packed->lines.data(), m, survivors,
-                                          scratch.survivor_codes, scratch.costs);
-      std::vector<Candidate>& heap = scratch.heaps[q];
-      heap.clear();
-      for (size_t s = 0; s < survivors.size(); ++s) {
-        const int64_t token = packed->Token(survivors[s].second);
-        OfferBounded(metric_, k, {scratch.costs[s], codes_.token_begin + token}, heap);
-      }
-      WriteNearestFirst(metric_, heap, rows[first + q], k, out);
+      RankSurvivors(scratch.luts.data() + q * lut_size, quantizations[q], *packed, k,
+                    scratch.filters[q], scratch.heaps[q]);
+      WriteNearestFirst(metric_, scratch.heaps[q], rows[first + q], k, out);
     }
   }
   return n;
+}
+
+// The survivors with the k smallest sums fill the heap first; after that a survivor is costed
+// only if its sum can still reach the heap's current worst distance (LargestSumWithin), a bound
+// that tightens as the heap improves. A survivor skipped that way has an exact cost beyond some
+// worst distance the heap held, so it cannot be among the final k: the answer is unchanged, and
+// typically a third fewer survivors are costed than all of them (the filter's window is m steps
+// wide, the rounding of the k-th vector itself about m / 2).
+void SubsetAdc::RankSurvivors(const float* lut, const LutQuantization& quantization,
+                              const PackedSubset& packed, int k, CandidateFilter& filter,
+                              std::vector<Candidate>& heap) const {
+  const int m = codebook_.m;
+  const auto& survivors = filter.Survivors();
+  const uint16_t kth_sum = filter.kth_sum();
+  heap.clear();
+  auto offer = [&](int64_t position) {
+    const float distance = adc_internal::PackedCost(lut, packed.lines.data(), m, position);
+    OfferBounded(metric_, k, {distance, codes_.token_begin + packed.Token(position)}, heap);
+  };
+  for (const auto& [sum, position] : survivors) {
+    if (sum <= kth_sum) offer(position);
+  }
+  if (quantization.keeps_all()) {
+    for (const auto& [sum, position] : survivors) {
+      if (sum > kth_sum) offer(position);
+    }
+    return;
+  }
+  // For inner product the cost is −distance (QuantizeLut's sign).
+  auto largest_useful_sum = [&] {
+    if (static_cast<int>(heap.size()) < k) return int64_t{LutQuantization::kKeepAll};
+    const float worst = heap.front().first;
+    return quantization.LargestSumWithin(metric_ == Metric::kL2 ? worst : -worst);
+  };
+  int64_t within = largest_useful_sum();
+  for (const auto& [sum, position] : survivors) {
+    if (sum <= kth_sum || sum > within) continue;
+    offer(position);
+    within = largest_useful_sum();
+  }
 }
 
 }  // namespace knnserve

@@ -25,6 +25,10 @@
 #include "common/search_types.h"
 
 namespace knnserve {
+namespace adc_internal {
+class CandidateFilter;
+struct LutQuantization;
+}  // namespace adc_internal
 
 // PQ codes of the contiguous sentence range [sentence_begin, sentence_begin + num_sentences()),
 // whose tokens are the contiguous global ids [token_begin, token_begin + num_vectors()).
@@ -122,6 +126,11 @@ class SubsetAdc : public SubsetSearcher {
   int64_t SearchGroupQuantized(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
                                absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                Neighbors& out) const;
+  // Stage 2 of one query: the k nearest of filter's survivors into heap (OfferBounded's form),
+  // their exact distances through lut, quantized as `quantization` for the scan.
+  void RankSurvivors(const float* lut, const adc_internal::LutQuantization& quantization,
+                     const PackedSubset& packed, int k, adc_internal::CandidateFilter& filter,
+                     std::vector<std::pair<float, int64_t>>& heap) const;
 
   const PqCodebook codebook_;
   const Metric metric_;
@@ -130,7 +139,6 @@ class SubsetAdc : public SubsetSearcher {
   const AdcScanFn scan_;
   const QuantizedAdcKernels quantized_;  // null functions unless IsQuantized(options_.kernel)
   const AdcLutFn lut_;
-  const AdcScanFn exact_;  // the quantized kernels' re-rank (bit-identical to the scalar scan)
   const std::unique_ptr<PackedCache> cache_;  // null when options_.packed_cache_bytes == 0
   // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
   std::vector<float> centroids_t_;

@@ -64,6 +64,10 @@ class CandidateFilter {
   void Reset(int k, int margin, uint16_t cap = kNoLimit);
 
   uint16_t limit() const { return limit_; }
+  // The k-th smallest sum offered so far; kNoLimit before k sums were offered.
+  uint16_t kth_sum() const {
+    return static_cast<int>(smallest_.size()) < k_ ? kNoLimit : smallest_.front();
+  }
 
   // sums: the kAdcBlock sums of the block at `first_position`; below: the lanes to consider.
   void Offer(const uint16_t* sums, uint64_t below, int64_t first_position);
@@ -100,12 +104,15 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
                         int num_queries, const PackedLine* blocks, int64_t n, int m_count,
                         const uint16_t* const* biases, CandidateFilter* filters);
 
-// Stage 2: the exact costs through `lut` of the survivors' positions in the packed blocks,
-// into costs (one per survivor, in order), computed by one call of the exact kernel `exact`
-// (every exact kernel gives the scalar canonical sums bit for bit). `codes` is scratch.
-void ExactCostsOfSurvivors(AdcScanFn exact, const float* lut, const PackedLine* blocks, int m_count,
+// The exact cost through `lut` of the vector at `position` of the packed blocks (m_count lines
+// per block): its m_count entries summed in the canonical order of adc_kernels.h, so the same
+// bits as every exact scan of its code.
+float PackedCost(const float* lut, const PackedLine* blocks, int m_count, int64_t position);
+
+// Stage 2: PackedCost of every survivor, into costs (one per survivor, in order).
+void ExactCostsOfSurvivors(const float* lut, const PackedLine* blocks, int m_count,
                            const std::vector<std::pair<uint16_t, int64_t>>& survivors,
-                           std::vector<uint8_t>& codes, std::vector<float>& costs);
+                           std::vector<float>& costs);
 
 }  // namespace knnserve::adc_internal
 

@@ -65,7 +65,8 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
   std::uniform_int_distribution<int> byte(0, 255);
   for (int m : {1, 4, 8, 12, 15, 16, 24, 32, 48, 64, 96, 100, 128, 256}) {
     SCOPED_TRACE(m);
-    constexpr int kQueries = 3;
+    // Up to 9 queries per call: the kernel scans 8 at a time, so 9 takes a second pass.
+    constexpr int kQueries = 9;
     std::vector<uint8_t> memory(200 * m);
     for (uint8_t& c : memory) c = static_cast<uint8_t>(byte(rng));
     const uint8_t* rows[kAdcBlock];
@@ -75,13 +76,17 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
     std::fill(tables.begin(), tables.begin() + m * 256, uint8_t{255});  // the largest sums
     const uint8_t* table_ptrs[kQueries];
     for (int q = 0; q < kQueries; ++q) table_ptrs[q] = tables.data() + q * m * 256;
-    const uint16_t limits[kQueries] = {65535, static_cast<uint16_t>(m * 128), 0};
-    // Biases: none for query 0, small ones, and ones that saturate the sums.
+    // Per query, in turn: no limit, half the largest sum, 0. Biases: none, small ones, and ones
+    // that saturate the sums.
+    uint16_t limits[kQueries];
     std::vector<uint16_t> bias_values(kQueries * kAdcBlock);
-    for (int i = 0; i < kAdcBlock; ++i) {
-      bias_values[i] = 0;
-      bias_values[kAdcBlock + i] = static_cast<uint16_t>(rng() % 2000);
-      bias_values[2 * kAdcBlock + i] = static_cast<uint16_t>(65535 - rng() % 40000);
+    for (int q = 0; q < kQueries; ++q) {
+      limits[q] = q % 3 == 0 ? 65535 : q % 3 == 1 ? static_cast<uint16_t>(m * 128) : 0;
+      for (int i = 0; i < kAdcBlock; ++i) {
+        bias_values[q * kAdcBlock + i] =
+            q % 3 == 0 ? 0
+                       : static_cast<uint16_t>(q % 3 == 1 ? rng() % 2000 : 65535 - rng() % 40000);
+      }
     }
     const uint16_t* bias_ptrs[kQueries];
     for (int q = 0; q < kQueries; ++q) bias_ptrs[q] = bias_values.data() + q * kAdcBlock;
@@ -93,31 +98,36 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
       uint16_t biased_sums[kQueries * kAdcBlock];
       uint64_t biased_below[kQueries];
     };
-    auto run = [&](const QuantizedAdcKernels& kernels, Out& out) {
+    auto run = [&](const QuantizedAdcKernels& kernels, int queries, Out& out) {
       alignas(64) static uint8_t block[kMaxAdcM * kAdcBlock];
       kernels.pack(rows, m, block);
       out.block.assign(block, block + m * kAdcBlock);
-      kernels.scan(table_ptrs, kQueries, block, m, nullptr, limits, out.sums, out.below);
-      kernels.scan(table_ptrs, kQueries, block, m, bias_ptrs, limits, out.biased_sums,
+      kernels.scan(table_ptrs, queries, block, m, nullptr, limits, out.sums, out.below);
+      kernels.scan(table_ptrs, queries, block, m, bias_ptrs, limits, out.biased_sums,
                    out.biased_below);
     };
-    Out want, got;
-    run(scalar, want);
-    run(vbmi, got);
-    EXPECT_EQ(got.block, want.block);
-    EXPECT_EQ(std::memcmp(got.sums, want.sums, sizeof(want.sums)), 0);
-    EXPECT_EQ(std::memcmp(got.below, want.below, sizeof(want.below)), 0);
-    EXPECT_EQ(std::memcmp(got.biased_sums, want.biased_sums, sizeof(want.sums)), 0);
-    EXPECT_EQ(std::memcmp(got.biased_below, want.biased_below, sizeof(want.below)), 0);
-    // Biases add to the sums, saturating at 65535.
-    for (int i = 0; i < kQueries * kAdcBlock; ++i) {
-      EXPECT_EQ(want.biased_sums[i], std::min(65535, want.sums[i] + bias_values[i])) << i;
+    for (int queries = 1; queries <= kQueries; ++queries) {
+      SCOPED_TRACE(absl::StrCat(queries, " queries"));
+      Out want, got;
+      run(scalar, queries, want);
+      run(vbmi, queries, got);
+      EXPECT_EQ(got.block, want.block);
+      const size_t sums_bytes = queries * kAdcBlock * sizeof(uint16_t);
+      const size_t below_bytes = queries * sizeof(uint64_t);
+      EXPECT_EQ(std::memcmp(got.sums, want.sums, sums_bytes), 0);
+      EXPECT_EQ(std::memcmp(got.below, want.below, below_bytes), 0);
+      EXPECT_EQ(std::memcmp(got.biased_sums, want.biased_sums, sums_bytes), 0);
+      EXPECT_EQ(std::memcmp(got.biased_below, want.biased_below, below_bytes), 0);
+      // Biases add to the sums, saturating at 65535.
+      for (int i = 0; i < queries * kAdcBlock; ++i) {
+        EXPECT_EQ(want.biased_sums[i], std::min(65535, want.sums[i] + bias_values[i])) << i;
+      }
+      // The scalar pack is the definition: block[m][i] = rows[i][m].
+      for (int i = 0; i < kAdcBlock; ++i)
+        EXPECT_EQ(want.block[(m - 1) * kAdcBlock + i], rows[i][m - 1]);
+      EXPECT_EQ(want.sums[5], 255 * m);
+      EXPECT_EQ(want.below[0], ~uint64_t{0});
     }
-    // The scalar pack is the definition: block[m][i] = rows[i][m].
-    for (int i = 0; i < kAdcBlock; ++i)
-      EXPECT_EQ(want.block[(m - 1) * kAdcBlock + i], rows[i][m - 1]);
-    EXPECT_EQ(want.sums[5], 255 * m);
-    EXPECT_EQ(want.below[0], ~uint64_t{0});
   }
 }
 
@@ -353,6 +363,37 @@ TEST(SubsetAdc, QuantizedKernelsEqualTheExactScan) {
               << i;
           EXPECT_EQ(results[i].vectors_scanned, results[0].vectors_scanned);
         }
+      }
+    }
+  }
+}
+
+// A table whose entries are all equal (every centroid the same) cannot be quantized: the scan
+// keeps every vector, and all distances tie, so the answer is the subset's k smallest ids.
+TEST(SubsetAdc, DegenerateTablesKeepEveryVector) {
+  constexpr int kM = 8, kDsub = 2, kDim = kM * kDsub;
+  PqCodebook codebook{kM, kDsub, std::vector<float>(kM * 256 * kDsub, 0.5f)};
+  std::vector<int64_t> offsets = {0};
+  while (offsets.back() < 3000) offsets.push_back(offsets.back() + 7);
+  std::mt19937_64 rng(29);
+  std::vector<uint8_t> code_bytes(offsets.back() * kM);
+  for (uint8_t& c : code_bytes) c = static_cast<uint8_t>(rng());
+  const SubsetGroups groups = {{3, 40, 41, 200, 310}};
+  const std::vector<float> queries(3 * kDim, 1.0f);
+  for (AdcKernel kernel :
+       {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+    if (!CpuSupports(kernel)) continue;
+    SCOPED_TRACE(AdcKernelName(kernel));
+    SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
+    ASSERT_OK_AND_ASSIGN(auto adc,
+                         SubsetAdc::Create(codebook, Metric::kL2, std::move(codes), {1, kernel}));
+    ASSERT_OK_AND_ASSIGN(SubsetResult r,
+                         adc->SearchSubset({queries.data(), 3, kDim}, groups, {0, 0, 0}, 10));
+    for (int row = 0; row < 3; ++row) {
+      for (int j = 0; j < 10; ++j) {
+        // Sentence 3 holds tokens 21..27, sentence 40 tokens 280..286.
+        EXPECT_EQ(r.neighbors.ids[row * 10 + j], j < 7 ? 21 + j : 280 + (j - 7)) << row << j;
+        EXPECT_EQ(r.neighbors.distances[row * 10 + j], kM * kDsub * 0.25f);
       }
     }
   }
