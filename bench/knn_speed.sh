@@ -2,19 +2,21 @@
 # Decoding speed of base MT vs kNN-MT (embedded and through the router) vs subset kNN-MT, with
 # the demo model and the office datastore that scripts/demo.sh built, at several batch sizes.
 # Prints a Markdown table (tokens/s, ratio to base, share of time in retrieval); every run's
-# JSON report stays in OUT. Runs the modes of one batch size back to back, so that the ratios
-# compare runs made under the same machine load.
+# JSON report stays in OUT. Runs the modes of one batch size back to back, ROUNDS times over, and
+# keeps each mode's fastest round: the ratios then compare runs made under the same machine load,
+# and a drift of the machine's speed during one run weighs on no mode more than on the others.
 #
 #   bench/knn_speed.sh [SENTENCES]       (default 200 office test sentences)
 #
-# Environment: BUILD (build), DEMO_DIR (runs/knn-demo), BATCHES ("1 16 64"), BEAM (5), THREADS (2),
-# PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (8).
+# Environment: BUILD (build), DEMO_DIR (runs/knn-demo), BATCHES ("1 16 64"), ROUNDS (2), BEAM (5),
+# THREADS (2), PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SENTENCES=${1:-200}
 BUILD=${BUILD:-build}
 DEMO_DIR=${DEMO_DIR:-runs/knn-demo}
 BATCHES=${BATCHES:-1 16 64}
+ROUNDS=${ROUNDS:-2}
 BEAM=${BEAM:-5}
 THREADS=${THREADS:-2}
 PORT=${PORT:-6450}
@@ -35,32 +37,37 @@ address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$POR
 
 run() {  # name batch flags...
   local name=$1 batch=$2; shift 2
-  echo "bench: $name batch $batch" >&2
+  echo "bench: $name batch $batch round $round" >&2
   "$KNNSERVE" translate --model "$MODEL" --input "$OUT/input.tsv" --output "$OUT/$name-$batch.txt" \
     --beam "$BEAM" --batch-size "$batch" --threads "$THREADS" \
-    --stats-json "$OUT/$name-$batch.json" "$@" 2>> "$OUT/log.txt"
+    --stats-json "$OUT/$name-$batch-$round.json" "$@" 2>> "$OUT/log.txt"
 }
 KNN=(--knn-config "$KNN_PARAMS" --knn-nprobe "$NPROBE")
 for batch in $BATCHES; do
-  run base "$batch" --mode base
-  run knn-embedded "$batch" --mode knn --datastore "$DATASTORE" "${KNN[@]}"
-  run knn-remote "$batch" --mode knn --datastore "$DATASTORE" --router "$address" "${KNN[@]}"
-  run subset-embedded "$batch" --mode subset-knn --datastore "$DATASTORE" "${KNN[@]}"
-  run subset-remote "$batch" --mode subset-knn --datastore "$DATASTORE" --router "$address" \
-    "${KNN[@]}"
+  for round in $(seq "$ROUNDS"); do
+    run base "$batch" --mode base
+    run knn-embedded "$batch" --mode knn --datastore "$DATASTORE" "${KNN[@]}"
+    run knn-remote "$batch" --mode knn --datastore "$DATASTORE" --router "$address" "${KNN[@]}"
+    run subset-embedded "$batch" --mode subset-knn --datastore "$DATASTORE" "${KNN[@]}"
+    run subset-remote "$batch" --mode subset-knn --datastore "$DATASTORE" --router "$address" \
+      "${KNN[@]}"
+  done
 done
 
-/usr/bin/python3 - "$OUT" "$BATCHES" "$SENTENCES" "$BEAM" <<'EOF'
+/usr/bin/python3 - "$OUT" "$BATCHES" "$SENTENCES" "$BEAM" "$ROUNDS" <<'EOF'
 import json, sys
 out, batches, sentences, beam = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
+rounds = int(sys.argv[5])
 names = ["base", "knn-embedded", "knn-remote", "subset-embedded", "subset-remote"]
-print(f"\n{sentences} office test sentences, beam {beam}; tokens/s (ratio to base; retrieval share)\n")
+print(f"\n{sentences} office test sentences, beam {beam}; tokens/s of each mode's fastest of "
+      f"{rounds} interleaved rounds (ratio to base; retrieval share)\n")
 print("| batch | " + " | ".join(names) + " |")
 print("|---" * (len(names) + 1) + "|")
 for b in batches:
     cells, base = [], None
     for n in names:
-        s = json.load(open(f"{out}/{n}-{b}.json"))
+        runs = [json.load(open(f"{out}/{n}-{b}-{r}.json")) for r in range(1, rounds + 1)]
+        s = max(runs, key=lambda run: run["tokens"] / run["seconds"])
         tps = s["tokens"] / s["seconds"]
         base = base or tps
         share = 100 * (s["retrieval_seconds"] + s["select_seconds"]) / s["seconds"]

@@ -20,9 +20,10 @@ std::vector<int64_t> MaxLengths(const model::TransformerModel& model,
   torch::Tensor lengths = src_tokens.ne(model->config().pad_id).sum(1).cpu();
   std::vector<int64_t> max_len(lengths.size(0));
   for (int64_t i = 0; i < lengths.size(0); ++i) {
-    const int64_t by_source = static_cast<int64_t>(
-        std::floor(options.max_len_a * static_cast<double>(lengths[i].item<int64_t>()))) +
-                              options.max_len_b;
+    const int64_t by_source =
+        static_cast<int64_t>(
+            std::floor(options.max_len_a * static_cast<double>(lengths[i].item<int64_t>()))) +
+        options.max_len_b;
     max_len[i] = std::max<int64_t>(
         1, std::min<int64_t>(by_source, model->config().max_target_positions - 1));
   }
@@ -63,8 +64,8 @@ absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
   }
   if (any_forced) {
     torch::Tensor eos_lp = lp.select(1, eos).clone();
-    torch::Tensor rows = torch::tensor(std::vector<int64_t>(force.begin(), force.end()))
-                             .to(torch::kBool);
+    torch::Tensor rows =
+        torch::tensor(std::vector<int64_t>(force.begin(), force.end())).to(torch::kBool);
     lp.masked_fill_(rows.unsqueeze(1), kNegInf);
     lp.select(1, eos).copy_(torch::where(rows, eos_lp, lp.select(1, eos)));
   }
@@ -106,8 +107,8 @@ absl::StatusOr<std::vector<Hypothesis>> GreedyImpl(model::TransformerModel& mode
   std::iota(alive.begin(), alive.end(), 0);
   torch::Tensor last = torch::full({batch}, eos, torch::kLong);
   for (int64_t step = 0; !alive.empty(); ++step) {
-    ASSIGN_OR_RETURN(torch::Tensor lp, StepLogProbs(model, encoder_out, state, last, alive,
-                                                    max_len, step, options));
+    ASSIGN_OR_RETURN(torch::Tensor lp,
+                     StepLogProbs(model, encoder_out, state, last, alive, max_len, step, options));
     auto [best_lp, best] = lp.max(1);
     auto best_a = best.accessor<int64_t, 1>();
     auto best_lp_a = best_lp.accessor<float, 1>();
@@ -148,8 +149,7 @@ absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamImpl(model::Transformer
     RETURN_IF_ERROR(options.processor->BeginBatch(src_tokens, encoder_out));
   }
   model::DecoderState state = model->InitDecoderState(encoder_out);
-  model::ReorderDecoderState(state,
-                             torch::arange(batch, torch::kLong).repeat_interleave(k));
+  model::ReorderDecoderState(state, torch::arange(batch, torch::kLong).repeat_interleave(k));
 
   std::vector<std::vector<Hypothesis>> finished(batch);
   std::vector<int64_t> alive(batch);  // sentences with live rows; row r belongs to alive[r / k]
@@ -161,8 +161,8 @@ absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamImpl(model::Transformer
   for (int64_t step = 0; !alive.empty(); ++step) {
     std::vector<int64_t> row_sentence(rows.size());
     for (size_t r = 0; r < rows.size(); ++r) row_sentence[r] = alive[r / k];
-    ASSIGN_OR_RETURN(torch::Tensor lp, StepLogProbs(model, encoder_out, state, last,
-                                                    row_sentence, max_len, step, options));
+    ASSIGN_OR_RETURN(torch::Tensor lp, StepLogProbs(model, encoder_out, state, last, row_sentence,
+                                                    max_len, step, options));
     const int64_t vocab = lp.size(1);
     std::vector<double> scores(rows.size());
     for (size_t r = 0; r < rows.size(); ++r) scores[r] = rows[r].score;
@@ -218,7 +218,14 @@ absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamImpl(model::Transformer
       next_alive.push_back(sentence);
     }
     if (next_alive.empty()) break;
-    model::ReorderDecoderState(state, torch::tensor(source_rows, torch::kLong));
+    // Hypotheses move only within their sentence, whose rows share the encoder states: those
+    // are copied only when a sentence has left the batch.
+    const torch::Tensor reorder = torch::tensor(source_rows, torch::kLong);
+    if (next_alive.size() == alive.size()) {
+      model::ReorderSelfAttentionState(state, reorder);
+    } else {
+      model::ReorderDecoderState(state, reorder);
+    }
     rows = std::move(next_rows);
     last = torch::tensor(next_tokens, torch::kLong);
     alive = std::move(next_alive);
@@ -235,9 +242,8 @@ absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamImpl(model::Transformer
 torch::Tensor PadBatch(const std::vector<const std::vector<int>*>& rows, int64_t pad_id) {
   size_t longest = 1;
   for (const auto* row : rows) longest = std::max(longest, row->size());
-  torch::Tensor batch = torch::full({static_cast<int64_t>(rows.size()),
-                                     static_cast<int64_t>(longest)},
-                                    pad_id, torch::kLong);
+  torch::Tensor batch = torch::full(
+      {static_cast<int64_t>(rows.size()), static_cast<int64_t>(longest)}, pad_id, torch::kLong);
   auto a = batch.accessor<int64_t, 2>();
   for (size_t r = 0; r < rows.size(); ++r) {
     for (size_t j = 0; j < rows[r]->size(); ++j) a[r][j] = (*rows[r])[j];
@@ -294,8 +300,8 @@ absl::StatusOr<std::vector<Hypothesis>> GreedySearch(model::TransformerModel& mo
 }
 
 absl::StatusOr<torch::Tensor> EncodeSources(const Tokenizer& tokenizer,
-                                            const std::vector<std::string>& texts,
-                                            int64_t max_len, int64_t pad_id, int64_t eos_id) {
+                                            const std::vector<std::string>& texts, int64_t max_len,
+                                            int64_t pad_id, int64_t eos_id) {
   ASSIGN_OR_RETURN(auto encoded, EncodeAll(tokenizer, texts, max_len, eos_id));
   std::vector<const std::vector<int>*> rows;
   for (const auto& e : encoded) rows.push_back(&e);
@@ -306,8 +312,7 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
                                                         const Tokenizer& tokenizer,
                                                         const std::vector<std::string>& texts,
                                                         const SearchOptions& options,
-                                                        int64_t batch_size,
-                                                        TranslateStats* stats,
+                                                        int64_t batch_size, TranslateStats* stats,
                                                         ProgressBar* progress) {
   if (batch_size < 1) return absl::InvalidArgumentError("batch size must be >= 1");
   RETURN_IF_ERROR(ValidateSearchOptions(options));
@@ -316,9 +321,8 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
                    EncodeAll(tokenizer, texts, config.max_source_positions, config.eos_id));
   std::vector<size_t> order(texts.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return encoded[a].size() > encoded[b].size();
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return encoded[a].size() > encoded[b].size(); });
   std::vector<std::string> output(texts.size());
   TranslateStats local;
   for (size_t begin = 0; begin < order.size(); begin += batch_size) {

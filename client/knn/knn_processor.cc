@@ -80,9 +80,8 @@ absl::Status ValidateKnnOptions(const KnnOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
-                                             const Neighbors& neighbors, Metric metric,
-                                             const KnnOptions& options) {
+absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const KnnOptions& options,
+                            torch::Tensor& log_probs) {
   if (log_probs.dim() != 2 || neighbors.rows != log_probs.size(0)) {
     return absl::InvalidArgumentError(absl::StrCat("interpolation: ", neighbors.rows,
                                                    " neighbour rows for log-probabilities of ",
@@ -91,19 +90,17 @@ absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
   if (!neighbors.has_values()) {
     return absl::InvalidArgumentError("interpolation: the neighbours carry no values");
   }
-  if (options.weight == 0) return log_probs;
+  if (options.weight == 0) return absl::OkStatus();
   const int64_t rows = log_probs.size(0);
   const int64_t vocab = log_probs.size(1);
-  const torch::Tensor input = log_probs.to(torch::kCPU, torch::kFloat).contiguous();
+  // log_probs itself when it already is CPU float32 and contiguous: a fresh [rows, V] tensor per
+  // step cost page faults and a second pass over the memory.
+  torch::Tensor work = log_probs.to(torch::kCPU, torch::kFloat).contiguous();
   const double log_weight = std::log(options.weight);
   const double log_rest = options.weight < 1 ? std::log1p(-options.weight) : kNegInf;
-  // Tokens no neighbour votes for keep (1 - λ) p_MT: one vectorized pass; the few voted tokens
-  // of each row are then combined exactly in log space (log p_kNN only where p_kNN > 0).
-  torch::Tensor out =
-      options.weight < 1 ? input + static_cast<float>(log_rest) : torch::full_like(input, kLogZero);
-  const float* in = input.data_ptr<float>();
-  float* o = out.data_ptr<float>();
+  float* data = work.data_ptr<float>();
   std::vector<std::pair<int32_t, double>> votes;  // (token, score = -d/τ)
+  std::vector<std::pair<int32_t, float>> voted;   // (token, interpolated log-probability)
   for (int64_t r = 0; r < rows; ++r) {
     votes.clear();
     for (int j = 0; j < neighbors.k; ++j) {
@@ -114,15 +111,14 @@ absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
       if (options.threshold > 0 && metric == Metric::kL2 && d > options.threshold) continue;
       votes.emplace_back(token, (metric == Metric::kL2 ? -d : d) / options.temperature);
     }
-    const float* in_row = in + r * vocab;
-    float* out_row = o + r * vocab;
-    if (votes.empty()) {  // nothing retrieved for this row: p_MT alone
-      std::copy(in_row, in_row + vocab, out_row);
-      continue;
-    }
+    if (votes.empty()) continue;  // nothing retrieved for this row: p_MT alone
+    float* row = data + r * vocab;
+    // The voted tokens are combined exactly in log space (log p_kNN only where p_kNN > 0), from
+    // the model's values before the row is scaled.
     double log_z = kNegInf;
     for (const auto& [token, score] : votes) log_z = LogAddExp(log_z, score);
     std::sort(votes.begin(), votes.end());
+    voted.clear();
     for (size_t a = 0; a < votes.size();) {
       double log_mass = kNegInf;
       size_t b = a;
@@ -131,12 +127,22 @@ absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
       }
       const int32_t token = votes[a].first;
       const double knn_term = log_weight + (log_mass - log_z);
-      const double mt_term = log_rest + static_cast<double>(in_row[token]);
-      out_row[token] = std::max(kLogZero, static_cast<float>(LogAddExp(knn_term, mt_term)));
+      const double mt_term = log_rest + static_cast<double>(row[token]);
+      voted.emplace_back(token,
+                         std::max(kLogZero, static_cast<float>(LogAddExp(knn_term, mt_term))));
       a = b;
     }
+    // Every other token keeps (1 - λ) p_MT.
+    if (options.weight < 1) {
+      const float rest = static_cast<float>(log_rest);
+      for (int64_t c = 0; c < vocab; ++c) row[c] += rest;
+    } else {
+      std::fill(row, row + vocab, kLogZero);
+    }
+    for (const auto& [token, value] : voted) row[token] = value;
   }
-  return out.to(log_probs.device());
+  if (!work.is_same(log_probs)) log_probs = work.to(log_probs.device());
+  return absl::OkStatus();
 }
 
 KnnLogitsProcessor::KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options,
@@ -193,8 +199,8 @@ absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
   ASSIGN_OR_RETURN(Neighbors neighbors, SearchInPieces(*session_, queries, row_group, params,
                                                        retriever_->info().max_rows));
   const absl::Time searched = absl::Now();
-  ASSIGN_OR_RETURN(context.log_probs, InterpolateKnn(context.log_probs, neighbors,
-                                                     retriever_->info().metric, options_));
+  RETURN_IF_ERROR(
+      InterpolateKnn(neighbors, retriever_->info().metric, options_, context.log_probs));
   stats_.retrieval_time += searched - start;
   stats_.interpolate_time += absl::Now() - searched;
   ++stats_.steps;

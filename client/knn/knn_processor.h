@@ -36,15 +36,16 @@ struct KnnOptions {
 // INVALID_ARGUMENT naming the bad knob.
 absl::Status ValidateKnnOptions(const KnnOptions& options);
 
-// Interpolates one step. log_probs [rows, V] float (p_MT, log space); neighbours rows x k with
-// values (token ids < V; id -1 = missing), squared-L2 distances. Returns [rows, V]: log of
-// λ p_kNN + (1 − λ) p_MT, never NaN or -inf: where both terms are zero (λ = 1, a token no
-// neighbour votes for) it is -1e9, so decoding constraints keep a finite choice. Rows without
-// usable neighbours are returned unchanged. λ = 0 returns log_probs exactly. REQUIRES: valid
-// options, L2 metric (inner-product scores are used as −d).
-absl::StatusOr<torch::Tensor> InterpolateKnn(const torch::Tensor& log_probs,
-                                             const Neighbors& neighbors, Metric metric,
-                                             const KnnOptions& options);
+// Interpolates one step, in place. log_probs [rows, V] float (p_MT, log space); neighbours
+// rows x k with values (token ids < V; id -1 = missing), squared-L2 distances. log_probs becomes
+// [rows, V]: log of λ p_kNN + (1 − λ) p_MT, never NaN or -inf: where both terms are zero (λ = 1,
+// a token no neighbour votes for) it is -1e9, so decoding constraints keep a finite choice. Rows
+// without usable neighbours are left unchanged, and λ = 0 leaves log_probs as it is. A CPU
+// float32 contiguous tensor is rewritten in its own storage (no allocation); any other is
+// replaced by its interpolated copy on the same device. REQUIRES: valid options, L2 metric
+// (inner-product scores are used as −d).
+absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const KnnOptions& options,
+                            torch::Tensor& log_probs);
 
 // Picks the datastore sentences of subset kNN-MT for a batch.
 class SubsetSelector {

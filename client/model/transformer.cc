@@ -359,9 +359,17 @@ torch::Tensor AverageEncoderStates(const EncoderOutput& encoder_out) {
 }
 
 void ReorderDecoderState(DecoderState& state, const torch::Tensor& index) {
+  ReorderSelfAttentionState(state, index);
   for (DecoderState::Layer& layer : state.layers) {
-    for (torch::Tensor* t :
-         {&layer.self_k, &layer.self_v, &layer.enc_k, &layer.enc_v, &layer.enc_padding_mask}) {
+    for (torch::Tensor* t : {&layer.enc_k, &layer.enc_v, &layer.enc_padding_mask}) {
+      if (t->defined()) *t = t->index_select(0, index);
+    }
+  }
+}
+
+void ReorderSelfAttentionState(DecoderState& state, const torch::Tensor& index) {
+  for (DecoderState::Layer& layer : state.layers) {
+    for (torch::Tensor* t : {&layer.self_k, &layer.self_v}) {
       if (t->defined()) *t = t->index_select(0, index);
     }
   }

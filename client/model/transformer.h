@@ -198,6 +198,10 @@ TORCH_MODULE(TransformerModel);
 
 // Selects rows of every cached tensor: index [new_batch] int64 into the current batch.
 void ReorderDecoderState(DecoderState& state, const torch::Tensor& index);
+// Selects rows of the self-attention keys and values only, for a reorder that keeps every row's
+// encoder states: REQUIRES row index[i] and row i to hold the same encoder states (as beam
+// search's hypotheses of one sentence do while no sentence leaves the batch).
+void ReorderSelfAttentionState(DecoderState& state, const torch::Tensor& index);
 
 // fairseq's sinusoidal table: [num_embeddings, dim], row pad_id zero.
 torch::Tensor SinusoidalTable(int64_t num_embeddings, int64_t dim, int64_t pad_id);

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "client/knn/knn_processor.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,6 +24,14 @@ Neighbors MakeNeighbors(int64_t rows, int k, std::vector<float> distances,
   return n;
 }
 
+// The interpolation of a copy of lp (InterpolateKnn rewrites its argument).
+absl::StatusOr<torch::Tensor> Interpolated(const torch::Tensor& lp, const Neighbors& n,
+                                           const KnnOptions& options) {
+  torch::Tensor out = lp.clone();
+  RETURN_IF_ERROR(InterpolateKnn(n, Metric::kL2, options, out));
+  return out;
+}
+
 TEST(InterpolateKnnTest, MatchesTheFormula) {
   const torch::Tensor lp = torch::log_softmax(torch::tensor({{1.0f, 2.0f, 0.5f, -1.0f}}), 1);
   // Two neighbours vote for token 1, one for token 3.
@@ -30,7 +39,7 @@ TEST(InterpolateKnnTest, MatchesTheFormula) {
   KnnOptions options;
   options.temperature = 2;
   options.weight = 0.3;
-  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, options));
   const double w1 = std::exp(-0.5), w3 = std::exp(-1.0), w1b = std::exp(-2.0);
   const double z = w1 + w3 + w1b;
   const double p_knn[4] = {0, (w1 + w1b) / z, 0, w3 / z};
@@ -46,7 +55,7 @@ TEST(InterpolateKnnTest, WeightZeroIsExactlyTheModel) {
   const Neighbors n = MakeNeighbors(3, 2, {1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 5, 6});
   KnnOptions options;
   options.weight = 0;
-  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, options));
   EXPECT_TRUE(torch::equal(out, lp));
 }
 
@@ -56,7 +65,7 @@ TEST(InterpolateKnnTest, WeightOneIsKnnAloneWithoutNaNOrInfinity) {
   KnnOptions options;
   options.weight = 1;
   options.temperature = 1;
-  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, options));
   EXPECT_FALSE(out.isnan().any().item<bool>());
   EXPECT_NEAR(out[0][4].item<double>(), 0.0, 1e-6);  // p = 1
   EXPECT_FALSE(out.isinf().any().item<bool>());
@@ -74,18 +83,36 @@ TEST(InterpolateKnnTest, RowsWithoutUsableNeighboursKeepTheModel) {
   KnnOptions options;
   options.weight = 0.9;
   options.threshold = 40;
-  ASSERT_OK_AND_ASSIGN(torch::Tensor out, InterpolateKnn(lp, n, Metric::kL2, options));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, options));
   EXPECT_TRUE(torch::equal(out, lp));
+}
+
+// A CPU float32 contiguous tensor is rewritten in its own storage; a double one is replaced by
+// its interpolated float copy, with the same values.
+TEST(InterpolateKnnTest, RewritesAFloatTensorInPlace) {
+  const torch::Tensor lp = torch::log_softmax(torch::randn({2, 7}), 1);
+  const Neighbors n = MakeNeighbors(2, 2, {1, 2, 3, 4}, {1, 2, 3, 1});
+  KnnOptions options;
+  options.weight = 0.5;
+  ASSERT_OK_AND_ASSIGN(const torch::Tensor want, Interpolated(lp, n, options));
+  torch::Tensor in_place = lp.clone();
+  const void* storage = in_place.data_ptr();
+  ASSERT_OK(InterpolateKnn(n, Metric::kL2, options, in_place));
+  EXPECT_EQ(in_place.data_ptr(), storage);
+  EXPECT_TRUE(torch::equal(in_place, want));
+  torch::Tensor as_double = lp.to(torch::kDouble);
+  ASSERT_OK(InterpolateKnn(n, Metric::kL2, options, as_double));
+  EXPECT_EQ(as_double.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(as_double, want));
 }
 
 TEST(InterpolateKnnTest, RejectsMismatchedRowsAndMissingValues) {
   const torch::Tensor lp = torch::zeros({2, 5});
   Neighbors n = MakeNeighbors(1, 1, {1}, {1});
-  EXPECT_THAT(InterpolateKnn(lp, n, Metric::kL2, {}).status().message(),
-              HasSubstr("1 neighbour rows"));
+  EXPECT_THAT(Interpolated(lp, n, {}).status().message(), HasSubstr("1 neighbour rows"));
   n = MakeNeighbors(2, 1, {1, 1}, {1, 1});
   n.values.clear();
-  EXPECT_THAT(InterpolateKnn(lp, n, Metric::kL2, {}).status().message(), HasSubstr("no values"));
+  EXPECT_THAT(Interpolated(lp, n, {}).status().message(), HasSubstr("no values"));
 }
 
 TEST(KnnOptionsTest, NamesTheBadFlag) {
