@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "common/adc/adc_kernels.h"
+#include "common/adc/residual_cost.inc"
 
 namespace knnserve::adc_internal {
 namespace {
@@ -134,6 +135,11 @@ void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_
       }
     }
   }
+}
+
+float ResidualCostAvx512(const float* x, const uint8_t* code, const float* centroids,
+                         const float* norms, int m_count, int dsub) {
+  return ResidualCostOf(x, code, centroids, norms, m_count, dsub);
 }
 
 }  // namespace knnserve::adc_internal

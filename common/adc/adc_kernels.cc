@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/adc/residual_cost.inc"
 #include "common/check.h"
 
 namespace knnserve {
@@ -87,9 +88,9 @@ const AdcTableKernels& BestAdcTableKernels() {
   static const AdcTableKernels kernels =
       CpuSupports(AdcKernel::kAvx512)
           ? AdcTableKernels{adc_internal::RowRangesAvx512, adc_internal::QuantizeRowsAvx512,
-                            adc_internal::ResidualLutsAvx512}
+                            adc_internal::ResidualLutsAvx512, adc_internal::ResidualCostAvx512}
           : AdcTableKernels{adc_internal::RowRangesScalar, adc_internal::QuantizeRowsScalar,
-                            adc_internal::ResidualLutsScalar};
+                            adc_internal::ResidualLutsScalar, adc_internal::ResidualCostScalar};
   return kernels;
 }
 
@@ -184,21 +185,9 @@ void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_
   }
 }
 
-float ResidualCost(const float* x, const uint8_t* code, const float* centroids, const float* norms,
-                   int m_count, int dsub) {
-  float acc[16] = {};
-  for (int m = 0; m < m_count; ++m) {
-    const int c = code[m];
-    const float* centroid = centroids + (static_cast<size_t>(m) * 256 + c) * dsub;
-    float entry = norms[m * 256 + c];
-    for (int j = 0; j < dsub; ++j) entry = std::fma(-2.0f * x[m * dsub + j], centroid[j], entry);
-    // Sub-quantizer m goes to partial m % 16, in increasing m: ScanScalar's lanes.
-    acc[m % 16] += entry;
-  }
-  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
-  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
-  for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
-  return acc[0] + acc[1];
+float ResidualCostScalar(const float* x, const uint8_t* code, const float* centroids,
+                         const float* norms, int m_count, int dsub) {
+  return ResidualCostOf(x, code, centroids, norms, m_count, dsub);
 }
 
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block) {

@@ -400,8 +400,8 @@ void IvfAdc::OfferSurvivors(int64_t list, const float* x, float x_norm, int k,
       const int64_t position = survivors[s].second;
       adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
                                  static_cast<int>(position % kAdcBlock), scratch.code);
-      scratch.costs[s] = adc_internal::ResidualCost(x, scratch.code, codebook_.centroids.data(),
-                                                    norms_.data(), m, codebook_.dsub);
+      scratch.costs[s] = tables_.residual_cost(x, scratch.code, codebook_.centroids.data(),
+                                               norms_.data(), m, codebook_.dsub);
     }
   }
   for (size_t s = 0; s < survivors.size(); ++s) {

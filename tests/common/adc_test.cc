@@ -9,6 +9,7 @@
 #include "common/adc/adc_kernels.h"
 #include "common/adc/ivf_adc.h"
 #include "common/adc/subset_adc.h"
+#include "common/adc/two_stage.h"
 #include "common/status_matchers.h"
 #include "faiss/IndexPQ.h"
 #include "gmock/gmock.h"
@@ -148,6 +149,49 @@ TEST(AdcKernels, LutAvx512EqualsScalarBitForBit) {
       adc_internal::LutAvx512(query.data(), centroids_t.data(), kM, dsub, l2, got.data());
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
           << "dsub " << dsub << (l2 ? " l2" : " ip");
+    }
+  }
+}
+
+// The residual tables and the per-code residual cost: AVX-512 equals scalar bit for bit, and a
+// code's cost equals the canonical sum of its table entries (ScanScalar over the table), so the
+// two ways IvfAdc costs a survivor agree.
+TEST(AdcKernels, ResidualCostEqualsTheResidualTableSumBitForBit) {
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal;
+  for (int dsub : {1, 4, 8}) {
+    for (int m : {8, 20, 32}) {
+      SCOPED_TRACE(absl::StrCat("m ", m, " dsub ", dsub));
+      PqCodebook codebook{m, dsub, std::vector<float>(m * 256 * dsub)};
+      for (float& c : codebook.centroids) c = 2 * normal(rng);
+      const std::vector<float> centroids_t = adc_internal::TransposeCentroids(codebook);
+      std::vector<float> norms(m * 256), x(m * dsub);
+      for (int e = 0; e < m * 256; ++e) {
+        for (int j = 0; j < dsub; ++j)
+          norms[e] += codebook.centroids[e * dsub + j] * codebook.centroids[e * dsub + j];
+      }
+      for (float& v : x) v = 2 * normal(rng);
+      std::vector<uint8_t> code(m);
+      for (uint8_t& c : code) c = static_cast<uint8_t>(rng());
+      const float* xs[1] = {x.data()};
+      std::vector<float> table(m * 256);
+      float* tables[1] = {table.data()};
+      adc_internal::ResidualLutsScalar(xs, 1, centroids_t.data(), norms.data(), m, dsub, tables);
+      float want = 0;
+      const float* luts[1] = {table.data()};
+      adc_internal::ScanScalar(luts, 1, code.data(), 1, m, &want);
+      const float scalar = adc_internal::ResidualCostScalar(
+          x.data(), code.data(), codebook.centroids.data(), norms.data(), m, dsub);
+      EXPECT_EQ(std::memcmp(&scalar, &want, sizeof(float)), 0);
+      if (!CpuSupports(AdcKernel::kAvx512)) continue;
+      std::vector<float> table_avx512(m * 256);
+      float* tables_avx512[1] = {table_avx512.data()};
+      adc_internal::ResidualLutsAvx512(xs, 1, centroids_t.data(), norms.data(), m, dsub,
+                                       tables_avx512);
+      EXPECT_EQ(std::memcmp(table_avx512.data(), table.data(), table.size() * sizeof(float)), 0);
+      const float avx512 = adc_internal::ResidualCostAvx512(
+          x.data(), code.data(), codebook.centroids.data(), norms.data(), m, dsub);
+      EXPECT_EQ(std::memcmp(&avx512, &want, sizeof(float)), 0);
     }
   }
 }
