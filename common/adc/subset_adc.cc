@@ -138,10 +138,15 @@ struct SubsetAdc::PackedSubset {
     const size_t r = std::upper_bound(starts.begin(), starts.end(), p) - starts.begin() - 1;
     return ranges[r].first + (p - starts[r]);
   }
-  size_t bytes() const {
-    return lines.size() * sizeof(PackedLine) + starts.size() * sizeof(int64_t) +
-           ranges.size() * sizeof(ranges[0]);
+  // Memory held by a packed subset of `runs` runs and `positions` positions of m code bytes.
+  static size_t Bytes(size_t runs, int64_t positions, int m) {
+    const size_t blocks = static_cast<size_t>((positions + kAdcBlock - 1) / kAdcBlock);
+    return blocks * m * sizeof(PackedLine) + (runs + 1) * sizeof(int64_t) +
+           runs * sizeof(Ranges::value_type);
   }
+  size_t bytes() const { return Bytes(ranges.size(), size(), m); }
+
+  int m = 0;  // lines per block
 };
 
 // Thread-safe LRU of packed subsets, bounded in bytes, keyed by their runs. Entries are immutable
@@ -149,6 +154,8 @@ struct SubsetAdc::PackedSubset {
 class SubsetAdc::PackedCache {
  public:
   explicit PackedCache(size_t capacity) : capacity_(capacity) {}
+
+  size_t capacity() const { return capacity_; }
 
   std::shared_ptr<const PackedSubset> Find(const Ranges& ranges) {
     absl::MutexLock lock(&mu_);
@@ -303,19 +310,25 @@ std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& r
   if (cache_ != nullptr) {
     if (std::shared_ptr<const PackedSubset> hit = cache_->Find(ranges)) return hit;
   }
-  // Without a cache the thread's previous subset is overwritten: its memory is reused, where
-  // fresh buffers of megabytes per call cost a page fault per 4 KiB (more than the packing).
+  // A subset the cache cannot hold (or every subset, without a cache) overwrites the thread's
+  // previous one: its memory is reused, where fresh buffers of megabytes per call cost a page
+  // fault per 4 KiB (more than the packing).
+  const int m = codebook_.m;
+  int64_t positions = 0;
+  for (const auto& [begin, end] : ranges) positions += end - begin;
+  const bool keep =
+      cache_ != nullptr && PackedSubset::Bytes(ranges.size(), positions, m) <= cache_->capacity();
   std::shared_ptr<PackedSubset> packed;
-  if (cache_ != nullptr) {
+  if (keep) {
     packed = std::make_shared<PackedSubset>();
   } else {
     if (scratch.packed == nullptr) scratch.packed = std::make_shared<PackedSubset>();
     packed = scratch.packed;
   }
+  packed->m = m;
   packed->ranges = ranges;
   packed->starts.assign(1, 0);
   for (const auto& [begin, end] : ranges) packed->starts.push_back(packed->size() + end - begin);
-  const int m = codebook_.m;
   packed->lines.resize((packed->size() + kAdcBlock - 1) / kAdcBlock * m);
   // The runs' codes, kAdcBlock lanes per block; lanes past the end read zero codes.
   const std::vector<uint8_t> zero_row(m, 0);
@@ -335,7 +348,7 @@ std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& r
     }
   }
   if (lane > 0) pack_block();
-  if (cache_ != nullptr) cache_->Insert(packed);
+  if (keep) cache_->Insert(packed);
   return packed;
 }
 

@@ -445,7 +445,8 @@ TEST(SubsetAdc, DegenerateTablesKeepEveryVector) {
 
 // Packed subsets kept between calls change no answer: repeated and interleaved groups, with a
 // cache large enough for all of them, one so small that every insertion evicts the previous
-// entry, and none, all equal the exact scan call after call.
+// entry, one too small for any subset (each is packed in the thread's own buffer), and none, all
+// equal the exact scan call after call.
 TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
   PqFixture f;
   constexpr int64_t kN = 3000;
@@ -455,7 +456,7 @@ TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
   auto exact = AdcFor(f.index, Metric::kL2, offsets, AdcKernel::kScalar);
   PqCodebook codebook{8, 4, f.index.pq.centroids};
   std::vector<std::unique_ptr<SubsetAdc>> cached;
-  for (size_t bytes : {size_t{256} << 20, size_t{4096}, size_t{0}}) {
+  for (size_t bytes : {size_t{256} << 20, size_t{4096}, size_t{64}, size_t{0}}) {
     SubsetCodes codes{8, 0, 0, offsets, f.index.codes};
     ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, std::move(codes),
                                                      {1, AdcKernel::kQuantizedScalar, bytes}));
