@@ -1,5 +1,7 @@
 #include "client/cli/commands.h"
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -18,6 +20,12 @@ void AdviseWaitPolicy() {
                  "note: OMP_WAIT_POLICY is unset; on a shared or busy machine "
                  "OMP_WAIT_POLICY=PASSIVE is several times faster (docs/model.md)\n");
   }
+}
+
+void KeepFreedMemory() {
+  mallopt(M_MMAP_MAX, 0);  // threads' arenas still map chunks beyond their 64 MiB heaps
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
 }
 
 }  // namespace knnserve::cli

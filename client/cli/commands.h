@@ -26,6 +26,14 @@ void ExitOnError(const absl::Status& status);
 // libgomp reads OMP_WAIT_POLICY when it is loaded, before main(): commands that run OpenMP
 // work can only advise setting it (prints a note when it is unset).
 void AdviseWaitPolicy();
+// For commands that train or decode with LibTorch: glibc then serves the main thread's
+// allocations from the heap and keeps freed memory (mallopt). Each training step allocates
+// logits and their gradients of tokens x vocabulary floats (80 MB at 2,500 x 8,000); glibc's
+// defaults unmap such chunks when freed and trim the heap, and the next step page-faults it all
+// in again (7 million faults in 100 s of training on a 2-core VM, most of its time). The price:
+// the process keeps its peak memory. Not for the index and datastore builds, whose multi-GB
+// buffers would stay resident and fragment the heap.
+void KeepFreedMemory();
 
 }  // namespace knnserve::cli
 

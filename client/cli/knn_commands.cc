@@ -234,6 +234,7 @@ struct TranslateFlags {
 
 void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   AdviseWaitPolicy();
+  KeepFreedMemory();
   // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (faiss in the
   // embedded mode runs on the same threads; the engine sets its own count per search).
   at::set_num_threads(flags.threads);
@@ -345,6 +346,7 @@ struct TunePoint {
 };
 
 void RunTune(TuneFlags& flags) {
+  KeepFreedMemory();
   at::set_num_threads(flags.threads);
   if (flags.retrieval.mode == "base") flags.retrieval.mode = "knn";
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);

@@ -93,6 +93,7 @@ void RegisterTrain(CLI::App& app) {
     o->model.encoder_ffn_dim = o->model.decoder_ffn_dim = *ffn;
     o->model.encoder_normalize_before = o->model.decoder_normalize_before = *pre_norm;
     AdviseWaitPolicy();
+    KeepFreedMemory();
     ExitOnError(train::Train(*o));
   });
 }
@@ -148,6 +149,7 @@ struct BenchFlags {
 // as a Markdown table (docs/model.md).
 void RunBench(const BenchFlags& flags) {
   AdviseWaitPolicy();
+  KeepFreedMemory();
   at::set_num_threads(flags.threads);  // LibTorch defaults to 1 thread on these machines
   absl::StatusOr<model::LoadedModel> loaded = model::LoadCheckpoint(flags.model_path);
   ExitOnError(loaded.status());

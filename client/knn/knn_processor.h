@@ -42,8 +42,8 @@ absl::Status ValidateKnnOptions(const KnnOptions& options);
 // a token no neighbour votes for) it is -1e9, so decoding constraints keep a finite choice. Rows
 // without usable neighbours are left unchanged, and λ = 0 leaves log_probs as it is. A CPU
 // float32 contiguous tensor is rewritten in its own storage (no allocation); any other is
-// replaced by its interpolated copy on the same device. REQUIRES: valid options, L2 metric
-// (inner-product scores are used as −d).
+// replaced by its interpolated copy on the same device. A neighbour's score is −d/τ for squared
+// L2 distances and +d/τ for inner products. REQUIRES: valid options.
 absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const KnnOptions& options,
                             torch::Tensor& log_probs);
 

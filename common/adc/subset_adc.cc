@@ -122,7 +122,8 @@ struct SubsetAdc::Scratch {
   // Quantized kernels only.
   std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
-  std::shared_ptr<PackedSubset> packed;  // without a cache: the last subset packed here
+  // The last subset packed here without being cached (no cache, or too large for it).
+  std::shared_ptr<PackedSubset> packed;
 };
 
 // A group's codes packed for the quantized scan, with the runs they came from (the cache key).
@@ -393,9 +394,9 @@ int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
 // The survivors with the k smallest sums fill the heap first; after that a survivor is costed
 // only if its sum can still reach the heap's current worst distance (LargestSumWithin), a bound
 // that tightens as the heap improves. A survivor skipped that way has an exact cost beyond some
-// worst distance the heap held, so it cannot be among the final k: the answer is unchanged, and
-// typically a third fewer survivors are costed than all of them (the filter's window is m steps
-// wide, the rounding of the k-th vector itself about m / 2).
+// worst distance the heap held, so it cannot be among the final k: the answer is unchanged. The
+// filter's window is m + 2 slack steps wide, while the k-th vector's own rounding is about m / 2
+// steps; on random codes (M 64, k 64, 3,200 codes) 105 of 160 survivors per query are costed.
 void SubsetAdc::RankSurvivors(const float* lut, const LutQuantization& quantization,
                               const PackedSubset& packed, int k, CandidateFilter& filter,
                               std::vector<Candidate>& heap) const {

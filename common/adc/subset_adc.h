@@ -116,7 +116,8 @@ class SubsetAdc : public SubsetSearcher {
   class PackedCache;
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   // The codes of `ranges` (local token runs) packed for the quantized scan: from the cache, or
-  // packed now (and cached; without a cache, into memory of `scratch` reused by its next call).
+  // packed now (and cached if it fits the cache; otherwise into memory of `scratch`, reused by
+  // its next call).
   std::shared_ptr<const PackedSubset> Packed(const Ranges& ranges, Scratch& scratch) const;
   // Searches the rows of one group into `out`; returns the number of codes scanned. The exact
   // float scan, and the quantized two-stage scan (for IsQuantized kernels).

@@ -443,6 +443,50 @@ TEST(SubsetAdc, DegenerateTablesKeepEveryVector) {
   }
 }
 
+// A table whose sums cannot be bounded usefully (entries near 1e8 that differ by a few units:
+// the float rounding of the exact sums spans more than 16 bits of table steps) keeps every
+// vector too, now with sums that differ; the answers equal the exact scan's.
+TEST(SubsetAdc, UnboundedTablesAnswerAsTheExactScan) {
+  constexpr int kM = 8, kDim = kM;  // dsub 1
+  std::mt19937_64 rng(37);
+  std::uniform_real_distribution<float> near_zero(0.0f, 0.001f);
+  PqCodebook codebook{kM, 1, std::vector<float>(kM * 256)};
+  for (float& c : codebook.centroids) c = near_zero(rng);
+  const std::vector<float> queries(2 * kDim, 1e4f);
+  std::vector<float> lut(kM * 256);
+  adc_internal::LutScalar(queries.data(), adc_internal::TransposeCentroids(codebook).data(), kM, 1,
+                          /*l2=*/true, lut.data());
+  std::vector<uint8_t> table(kM * 256);
+  const adc_internal::LutQuantization q =
+      adc_internal::QuantizeLut(lut.data(), kM, Metric::kL2, table.data());
+  ASSERT_TRUE(q.keeps_all());
+  ASSERT_GT(*std::max_element(table.begin(), table.end()), 0);  // the sums differ
+  std::vector<int64_t> offsets = {0};
+  while (offsets.back() < 2000) offsets.push_back(offsets.back() + 9);
+  std::vector<uint8_t> code_bytes(offsets.back() * kM);
+  for (uint8_t& c : code_bytes) c = static_cast<uint8_t>(rng());
+  const SubsetGroups groups = {{1, 5, 17, 30, 31, 150, 200}};
+  std::vector<SubsetResult> results;
+  for (AdcKernel kernel :
+       {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+    if (!CpuSupports(kernel)) continue;
+    SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
+    ASSERT_OK_AND_ASSIGN(auto adc,
+                         SubsetAdc::Create(codebook, Metric::kL2, std::move(codes), {1, kernel}));
+    ASSERT_OK_AND_ASSIGN(SubsetResult r,
+                         adc->SearchSubset({queries.data(), 2, kDim}, groups, {0, 0}, 20));
+    results.push_back(std::move(r));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids) << i;
+    EXPECT_EQ(
+        std::memcmp(results[i].neighbors.distances.data(), results[0].neighbors.distances.data(),
+                    results[0].neighbors.distances.size() * sizeof(float)),
+        0)
+        << i;
+  }
+}
+
 // Packed subsets kept between calls change no answer: repeated and interleaved groups, with a
 // cache large enough for all of them, one so small that every insertion evicts the previous
 // entry, one too small for any subset (each is packed in the thread's own buffer), and none, all

@@ -87,6 +87,45 @@ TEST(InterpolateKnnTest, RowsWithoutUsableNeighboursKeepTheModel) {
   EXPECT_TRUE(torch::equal(out, lp));
 }
 
+// Rows with and without votes in one call, against the formula computed directly in double:
+// voted rows mix the two distributions (−1e9 where both are zero), the others keep p_MT exactly.
+TEST(InterpolateKnnTest, MixedRowsMatchTheFormulaRowByRow) {
+  torch::manual_seed(3);
+  const torch::Tensor lp = torch::log_softmax(torch::randn({4, 12}), 1);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // Row 0 votes for tokens 5 and 7, row 2 twice for token 5; rows 1 and 3 retrieved nothing.
+  const Neighbors n =
+      MakeNeighbors(4, 2, {1, 3, kInf, kInf, 2, 2.5, kInf, kInf}, {5, 7, -1, -1, 5, 5, -1, -1});
+  for (double weight : {0.3, 1.0}) {
+    SCOPED_TRACE(weight);
+    KnnOptions options;
+    options.temperature = 2;
+    options.weight = weight;
+    ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, options));
+    for (int r = 0; r < 4; ++r) {
+      if (r % 2 == 1) {
+        EXPECT_TRUE(torch::equal(out[r], lp[r])) << "row " << r;
+        continue;
+      }
+      double mass[12] = {};
+      double z = 0;
+      for (int j = 0; j < 2; ++j) {
+        const double w = std::exp(-n.distances[r * 2 + j] / 2.0);
+        mass[n.values[r * 2 + j]] += w;
+        z += w;
+      }
+      for (int y = 0; y < 12; ++y) {
+        const double p = weight * mass[y] / z + (1 - weight) * std::exp(lp[r][y].item<double>());
+        if (p == 0) {
+          EXPECT_EQ(out[r][y].item<float>(), -1e9f) << r << " " << y;
+        } else {
+          EXPECT_NEAR(out[r][y].item<double>(), std::log(p), 1e-5) << r << " " << y;
+        }
+      }
+    }
+  }
+}
+
 // A CPU float32 contiguous tensor is rewritten in its own storage; a double one is replaced by
 // its interpolated float copy, with the same values.
 TEST(InterpolateKnnTest, RewritesAFloatTensorInPlace) {
