@@ -10,6 +10,7 @@
 #include "common/adc/ivf_adc.h"
 #include "common/adc/subset_adc.h"
 #include "common/adc/two_stage.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "faiss/IndexPQ.h"
 #include "gmock/gmock.h"
@@ -289,19 +290,11 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
   SubsetGroups groups = {{100, 103, 150, 101, 7, 100 + sentences + 5}, {120, 121, 122}};
   const std::vector<int32_t> row_group = {0, 1, 0, 0, 1, 0};
   constexpr int kK = 12;
-  std::vector<SubsetResult> results;
-  for (AdcKernel kernel : kAllKernels) {
-    if (!CpuSupports(kernel)) continue;
-    SubsetCodes codes{8, 100, 5000, offsets, f.index.codes};
-    ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, codes, {2, kernel}));
-    ASSERT_OK_AND_ASSIGN(SubsetResult r,
-                         adc->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, kK));
-    results.push_back(std::move(r));
-  }
-  for (size_t i = 1; i < results.size(); ++i) {
-    EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids);
-    EXPECT_EQ(results[i].neighbors.distances, results[0].neighbors.distances);
-  }
+  ASSERT_OK_AND_ASSIGN(const std::vector<SubsetResult> results,
+                       SearchWithEveryKernel(codebook, Metric::kL2, offsets, code_bytes,
+                                             {queries.data(), 2, kDim}, groups, {0, 0}, 20, 1));
+  ExpectSameAnswers(results);
+
   const SubsetResult& r = results[0];
   // Brute force over the subset with faiss's distance tables.
   std::vector<float> table(8 * 256);
@@ -360,6 +353,37 @@ TEST(SubsetAdc, BeamSharingEqualsSeparateGroups) {
   EXPECT_EQ(a.vectors_scanned * 11, b.vectors_scanned);
 }
 
+// The same search with the exact scalar kernel and each quantized kernel this CPU runs.
+absl::StatusOr<std::vector<SubsetResult>> SearchWithEveryKernel(
+    const PqCodebook& codebook, Metric metric, const std::vector<int64_t>& offsets,
+    const std::vector<uint8_t>& code_bytes, MatrixView<const float> queries,
+    const SubsetGroups& groups, const std::vector<int32_t>& row_group, int k, int threads) {
+  std::vector<SubsetResult> results;
+  for (AdcKernel kernel :
+       {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+    if (!CpuSupports(kernel)) continue;
+    SubsetCodes codes{codebook.m, 0, 0, offsets, code_bytes};
+    ASSIGN_OR_RETURN(auto adc,
+                     SubsetAdc::Create(codebook, metric, std::move(codes), {threads, kernel}));
+    ASSIGN_OR_RETURN(SubsetResult r, adc->SearchSubset(queries, groups, row_group, k));
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+// Ids and distance bits of every result equal the first's.
+void ExpectSameAnswers(const std::vector<SubsetResult>& results) {
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids) << i;
+    EXPECT_EQ(
+        std::memcmp(results[i].neighbors.distances.data(), results[0].neighbors.distances.data(),
+                    results[0].neighbors.distances.size() * sizeof(float)),
+        0)
+        << i;
+    EXPECT_EQ(results[i].vectors_scanned, results[0].vectors_scanned) << i;
+  }
+}
+
 // The quantized two-stage kernels return exactly the exact scan's neighbours and distances (ids
 // and float bits), for both metrics, k from 1 to more than the subset, beams of up to 11 rows,
 // and codes drawn from 3 values per sub-quantizer so that many distances tie (ties rank by id).
@@ -387,26 +411,11 @@ TEST(SubsetAdc, QuantizedKernelsEqualTheExactScan) {
     for (Metric metric : {Metric::kL2, Metric::kInnerProduct}) {
       for (int k : {1, 7, 64, 3000}) {
         SCOPED_TRACE(absl::StrCat(MetricName(metric), " k=", k, ties ? " ties" : ""));
-        std::vector<SubsetResult> results;
-        for (AdcKernel kernel :
-             {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
-          if (!CpuSupports(kernel)) continue;
-          SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
-          ASSERT_OK_AND_ASSIGN(auto adc,
-                               SubsetAdc::Create(codebook, metric, std::move(codes), {2, kernel}));
-          ASSERT_OK_AND_ASSIGN(SubsetResult r,
-                               adc->SearchSubset({queries.data(), 11, kDim}, groups, row_group, k));
-          results.push_back(std::move(r));
-        }
-        for (size_t i = 1; i < results.size(); ++i) {
-          EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids) << i;
-          EXPECT_EQ(std::memcmp(results[i].neighbors.distances.data(),
-                                results[0].neighbors.distances.data(),
-                                results[0].neighbors.distances.size() * sizeof(float)),
-                    0)
-              << i;
-          EXPECT_EQ(results[i].vectors_scanned, results[0].vectors_scanned);
-        }
+        ASSERT_OK_AND_ASSIGN(
+            const std::vector<SubsetResult> results,
+            SearchWithEveryKernel(codebook, metric, offsets, code_bytes, {queries.data(), 11, kDim},
+                                  groups, row_group, k, 2));
+        ExpectSameAnswers(results);
       }
     }
   }
