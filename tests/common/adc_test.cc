@@ -290,11 +290,19 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
   SubsetGroups groups = {{100, 103, 150, 101, 7, 100 + sentences + 5}, {120, 121, 122}};
   const std::vector<int32_t> row_group = {0, 1, 0, 0, 1, 0};
   constexpr int kK = 12;
-  ASSERT_OK_AND_ASSIGN(const std::vector<SubsetResult> results,
-                       SearchWithEveryKernel(codebook, Metric::kL2, offsets, code_bytes,
-                                             {queries.data(), 2, kDim}, groups, {0, 0}, 20, 1));
-  ExpectSameAnswers(results);
-
+  std::vector<SubsetResult> results;
+  for (AdcKernel kernel : kAllKernels) {
+    if (!CpuSupports(kernel)) continue;
+    SubsetCodes codes{8, 100, 5000, offsets, f.index.codes};
+    ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, codes, {2, kernel}));
+    ASSERT_OK_AND_ASSIGN(SubsetResult r,
+                         adc->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, kK));
+    results.push_back(std::move(r));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids);
+    EXPECT_EQ(results[i].neighbors.distances, results[0].neighbors.distances);
+  }
   const SubsetResult& r = results[0];
   // Brute force over the subset with faiss's distance tables.
   std::vector<float> table(8 * 256);
@@ -475,25 +483,10 @@ TEST(SubsetAdc, UnboundedTablesAnswerAsTheExactScan) {
   std::vector<uint8_t> code_bytes(offsets.back() * kM);
   for (uint8_t& c : code_bytes) c = static_cast<uint8_t>(rng());
   const SubsetGroups groups = {{1, 5, 17, 30, 31, 150, 200}};
-  std::vector<SubsetResult> results;
-  for (AdcKernel kernel :
-       {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
-    if (!CpuSupports(kernel)) continue;
-    SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
-    ASSERT_OK_AND_ASSIGN(auto adc,
-                         SubsetAdc::Create(codebook, Metric::kL2, std::move(codes), {1, kernel}));
-    ASSERT_OK_AND_ASSIGN(SubsetResult r,
-                         adc->SearchSubset({queries.data(), 2, kDim}, groups, {0, 0}, 20));
-    results.push_back(std::move(r));
-  }
-  for (size_t i = 1; i < results.size(); ++i) {
-    EXPECT_EQ(results[i].neighbors.ids, results[0].neighbors.ids) << i;
-    EXPECT_EQ(
-        std::memcmp(results[i].neighbors.distances.data(), results[0].neighbors.distances.data(),
-                    results[0].neighbors.distances.size() * sizeof(float)),
-        0)
-        << i;
-  }
+  ASSERT_OK_AND_ASSIGN(const std::vector<SubsetResult> results,
+                       SearchWithEveryKernel(codebook, Metric::kL2, offsets, code_bytes,
+                                             {queries.data(), 2, kDim}, groups, {0, 0}, 20, 1));
+  ExpectSameAnswers(results);
 }
 
 // Packed subsets kept between calls change no answer: repeated and interleaved groups, with a
