@@ -163,22 +163,13 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
   }
 }
 
-// Read straight from the packed lines (no copy of the code first); 16 independent partial sums,
-// as ScanScalar keeps them, let the look-ups of a chunk overlap.
 float PackedCost(const float* lut, const PackedLine* blocks, int m_count, int64_t position) {
-  const PackedLine* block = blocks + position / kAdcBlock * m_count;
-  const int lane = static_cast<int>(position % kAdcBlock);
-  const int full = m_count / 16 * 16;
-  float acc[16] = {};
-  for (int mb = 0; mb < full; mb += 16) {
-    const float* l = lut + mb * kLutSize;
-    for (int j = 0; j < 16; ++j) acc[j] += l[j * kLutSize + block[mb + j].bytes[lane]];
-  }
-  for (int m = full; m < m_count; ++m) acc[m - full] += lut[m * kLutSize + block[m].bytes[lane]];
-  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
-  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
-  for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
-  return acc[0] + acc[1];
+  uint8_t code[kMaxAdcM];
+  CopyLaneCode(blocks + position / kAdcBlock * m_count, m_count,
+               static_cast<int>(position % kAdcBlock), code);
+  float cost;
+  ScanScalar(&lut, 1, code, 1, m_count, &cost);
+  return cost;
 }
 
 void ExactCostsOfSurvivors(const float* lut, const PackedLine* blocks, int m_count,

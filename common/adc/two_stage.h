@@ -105,8 +105,7 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
                         const uint16_t* const* biases, CandidateFilter* filters);
 
 // The exact cost through `lut` of the vector at `position` of the packed blocks (m_count lines
-// per block): its m_count entries summed in the canonical order of adc_kernels.h, so the same
-// bits as every exact scan of its code.
+// per block): the scalar exact scan (ScanScalar) of its code, the same bits as every exact scan.
 float PackedCost(const float* lut, const PackedLine* blocks, int m_count, int64_t position);
 
 // Stage 2: PackedCost of every survivor, into costs (one per survivor, in order).
