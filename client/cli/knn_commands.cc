@@ -44,6 +44,9 @@ struct RetrievalFlags {
   std::string knn_config;  // JSON written by `knnserve tune`; explicit flags win
   int subset_sentences = 512;
   std::string sentence_index;
+  // Embedded mode: threads of a step's search, which runs beside the model's threads while
+  // they compute the step's log-probabilities.
+  int search_threads = 1;
   knn::RemoteRetrieverOptions remote;
   int64_t step_deadline_ms = 10000;
 };
@@ -56,6 +59,11 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "datastore directory (`knnserve datastore build`): its sentence index and "
                   "values; its index/ is searched in-process unless --router or --index");
   cmd->add_option("--index", f->index_dir, "embedded retrieval: index directory (no servers)");
+  cmd->add_option("--search-threads", f->search_threads,
+                  "embedded retrieval: threads of each step's search, which runs while the "
+                  "model computes the step's log-probabilities on --threads threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->add_option("--router", f->router, "remote retrieval: router address host:port");
   cmd->add_option("--knn-topk", f->knn.k, "neighbours per step (k)")->capture_default_str();
   cmd->add_option("--knn-temperature", f->knn.temperature, "softmax temperature τ")
@@ -141,7 +149,8 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
         " needs exactly one of --index DIR or --datastore DIR (embedded) or --router ADDR"));
   }
   if (!flags.index_dir.empty()) {
-    ASSIGN_OR_RETURN(setup.retriever, knn::LocalRetriever::Create(flags.index_dir, threads));
+    ASSIGN_OR_RETURN(setup.retriever,
+                     knn::LocalRetriever::Create(flags.index_dir, flags.search_threads));
   } else {
     flags.remote.address = flags.router;
     flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);
@@ -187,12 +196,13 @@ std::string FormatReport(const std::string& mode, const RunReport& r) {
       r.seconds, r.stats.sentences / r.seconds, r.stats.generated_tokens / r.seconds);
   if (r.knn.steps > 0) {
     const double retrieval = absl::ToDoubleSeconds(r.knn.retrieval_time);
+    const double search = absl::ToDoubleSeconds(r.knn.search_time);
     const double select = absl::ToDoubleSeconds(r.knn.select_time);
     const double interpolate = absl::ToDoubleSeconds(r.knn.interpolate_time);
     absl::StrAppendFormat(&line,
-                          "; retrieval %.2f s (%.0f%%, %d steps, %.1f rows/step), interpolation "
-                          "%.2f s (%.0f%%)",
-                          retrieval, 100 * retrieval / r.seconds, r.knn.steps,
+                          "; retrieval waits %.2f s (%.0f%%; searches %.2f s, partly while the "
+                          "model ran; %d steps, %.1f rows/step), interpolation %.2f s (%.0f%%)",
+                          retrieval, 100 * retrieval / r.seconds, search, r.knn.steps,
                           static_cast<double>(r.knn.query_rows) / r.knn.steps, interpolate,
                           100 * interpolate / r.seconds);
     if (r.knn.subset_sentences > 0) {
@@ -235,8 +245,8 @@ struct TranslateFlags {
 void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   AdviseWaitPolicy();
   KeepFreedMemory();
-  // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (faiss in the
-  // embedded mode runs on the same threads; the engine sets its own count per search).
+  // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (the embedded
+  // search runs on its own thread with --search-threads; the engine sets its count per call).
   at::set_num_threads(flags.threads);
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
@@ -271,6 +281,7 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
         {"tokens", report.stats.generated_tokens},
         {"seconds", report.seconds},
         {"retrieval_seconds", absl::ToDoubleSeconds(report.knn.retrieval_time)},
+        {"search_seconds", absl::ToDoubleSeconds(report.knn.search_time)},
         {"select_seconds", absl::ToDoubleSeconds(report.knn.select_time)},
         {"interpolate_seconds", absl::ToDoubleSeconds(report.knn.interpolate_time)},
         {"knn_topk", flags.retrieval.knn.k},

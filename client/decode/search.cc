@@ -38,13 +38,15 @@ absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
                                            const std::vector<int64_t>& row_sentence,
                                            const std::vector<int64_t>& max_len, int64_t step,
                                            const SearchOptions& options) {
-  model::DecoderOutput out = model->DecodeStep(last, encoder_out, state);
+  model::DecoderOutput out = model->DecodeStep(last, encoder_out, state, /*with_logits=*/false);
   StepContext context;
   context.step = step;
   context.features = out.features.squeeze(1);
   context.ffn_in = out.ffn_in.squeeze(1);
   context.sentence = torch::tensor(row_sentence, torch::kLong);
-  context.log_probs = torch::log_softmax(out.logits.squeeze(1).to(torch::kFloat), -1);
+  if (options.processor != nullptr) RETURN_IF_ERROR(options.processor->BeginStep(context));
+  context.log_probs =
+      torch::log_softmax(model->decoder->Logits(context.features).to(torch::kFloat), -1);
   const auto expected_shape = context.log_probs.sizes().vec();
   if (options.processor != nullptr) {
     RETURN_IF_ERROR(options.processor->Process(context));

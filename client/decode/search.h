@@ -24,15 +24,17 @@ namespace knnserve::decode {
 // What a LogitsProcessor sees at one decoding step. Rows are the live hypotheses
 // (sentences x beams, finished sentences removed).
 struct StepContext {
-  int64_t step = 0;            // 0-based index of the token being chosen
-  torch::Tensor features;      // [rows, d]: decoder output features (the kNN-MT query)
-  torch::Tensor ffn_in;        // [rows, d]: input of the last decoder FFN
-  torch::Tensor sentence;      // [rows] int64: index of each row's sentence in the input batch
-  torch::Tensor log_probs;     // [rows, V] float: model log-probabilities; may be replaced
+  int64_t step = 0;         // 0-based index of the token being chosen
+  torch::Tensor features;   // [rows, d]: decoder output features (the kNN-MT query)
+  torch::Tensor ffn_in;     // [rows, d]: input of the last decoder FFN
+  torch::Tensor sentence;   // [rows] int64: index of each row's sentence in the input batch
+  torch::Tensor log_probs;  // [rows, V] float: model log-probabilities; may be replaced
 };
 
-// Called once per step, before special-token constraints and hypothesis selection.
-// Implementations must keep log_probs' shape; they may be called from one thread at a time.
+// At every step the search calls BeginStep as soon as the decoder features exist, then
+// computes the model's log-probabilities (the output projection and softmax, a large share of a
+// step), then calls Process, before special-token constraints and hypothesis selection.
+// Implementations must keep log_probs' shape; they are called from one thread at a time.
 class LogitsProcessor {
  public:
   virtual ~LogitsProcessor() = default;
@@ -43,6 +45,10 @@ class LogitsProcessor {
                                   const model::EncoderOutput& /*encoder_out*/) {
     return absl::OkStatus();
   }
+  // context.log_probs is still undefined. Work that needs only the features may start here and
+  // run while the model computes the log-probabilities (kNN-MT sends its query). Every
+  // BeginStep is followed by this step's Process unless the search fails in between.
+  virtual absl::Status BeginStep(const StepContext& /*context*/) { return absl::OkStatus(); }
   virtual absl::Status Process(StepContext& context) = 0;
 };
 
@@ -51,15 +57,15 @@ struct SearchOptions {
   double length_penalty = 1.0;  // final score = sum log p / (length incl. EOS)^length_penalty
   double max_len_a = 1.2;       // at most max_len_a * source_len + max_len_b tokens (+ EOS)
   int64_t max_len_b = 10;
-  int64_t min_len = 1;          // EOS is blocked before this many tokens
-  int nbest = 1;                // hypotheses returned per sentence (<= beam_size)
+  int64_t min_len = 1;                   // EOS is blocked before this many tokens
+  int nbest = 1;                         // hypotheses returned per sentence (<= beam_size)
   LogitsProcessor* processor = nullptr;  // not owned; may be null
 };
 
 struct Hypothesis {
-  std::vector<int> tokens;              // without EOS
-  std::vector<float> token_log_probs;   // per token, including the final EOS
-  double score = 0;                     // length-normalized log-probability
+  std::vector<int> tokens;             // without EOS
+  std::vector<float> token_log_probs;  // per token, including the final EOS
+  double score = 0;                    // length-normalized log-probability
 };
 
 // Validates options (positive beam, nbest <= beam, max_len_b >= 0, ...).
@@ -78,8 +84,8 @@ absl::StatusOr<std::vector<Hypothesis>> GreedySearch(model::TransformerModel& mo
 
 // Encodes texts (+EOS, truncated to the model's source positions) into [batch, len] padded.
 absl::StatusOr<torch::Tensor> EncodeSources(const Tokenizer& tokenizer,
-                                            const std::vector<std::string>& texts,
-                                            int64_t max_len, int64_t pad_id, int64_t eos_id);
+                                            const std::vector<std::string>& texts, int64_t max_len,
+                                            int64_t pad_id, int64_t eos_id);
 
 struct TranslateStats {
   int64_t sentences = 0;
@@ -88,13 +94,10 @@ struct TranslateStats {
 
 // Translates texts in length-sorted batches of `batch_size` (greedy when beam_size == 1) and
 // returns the detokenized best hypothesis of each, in input order. `progress` may be null.
-absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel& model,
-                                                        const Tokenizer& tokenizer,
-                                                        const std::vector<std::string>& texts,
-                                                        const SearchOptions& options,
-                                                        int64_t batch_size,
-                                                        TranslateStats* stats = nullptr,
-                                                        ProgressBar* progress = nullptr);
+absl::StatusOr<std::vector<std::string>> TranslateTexts(
+    model::TransformerModel& model, const Tokenizer& tokenizer,
+    const std::vector<std::string>& texts, const SearchOptions& options, int64_t batch_size,
+    TranslateStats* stats = nullptr, ProgressBar* progress = nullptr);
 
 }  // namespace knnserve::decode
 

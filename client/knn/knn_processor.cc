@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -145,9 +146,32 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
   return absl::OkStatus();
 }
 
+struct KnnLogitsProcessor::PendingStep {
+  torch::Tensor features;  // [rows, d] float32, contiguous, on the CPU: what `queries` views
+  MatrixView<const float> queries;
+  std::vector<int32_t> row_group;
+  // Written by the worker; read after WorkerThread::Wait.
+  absl::StatusOr<Neighbors> neighbors;
+  absl::Duration search_time;
+};
+
 KnnLogitsProcessor::KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options,
                                        SubsetSelector* selector)
     : retriever_(retriever), options_(options), selector_(selector) {}
+
+KnnLogitsProcessor::~KnnLogitsProcessor() = default;
+
+SearchParams KnnLogitsProcessor::StepParams() const {
+  SearchParams params;
+  params.k = options_.k;
+  params.nprobe = options_.nprobe;
+  return params;
+}
+
+void KnnLogitsProcessor::DiscardPendingStep() {
+  worker_.Wait();
+  pending_.reset();
+}
 
 absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> KnnLogitsProcessor::Create(
     Retriever* retriever, const KnnOptions& options, SubsetSelector* selector) {
@@ -161,6 +185,7 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> KnnLogitsProcessor::Create(
 
 absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
                                             const model::EncoderOutput& encoder_out) {
+  DiscardPendingStep();
   session_.reset();  // one stream per batch: the previous batch's session ends here
   SubsetGroups groups;
   if (selector_ != nullptr) {
@@ -179,42 +204,52 @@ absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
   return absl::OkStatus();
 }
 
-absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
+absl::Status KnnLogitsProcessor::BeginStep(const decode::StepContext& context) {
   if (session_ == nullptr) {
     return absl::FailedPreconditionError("kNN-MT step before BeginBatch");
   }
-  const torch::Tensor features = QueryTensor(context.features);
-  const MatrixView<const float> queries{features.data_ptr<float>(), features.size(0),
-                                        features.size(1)};
-  std::vector<int32_t> row_group;
+  DiscardPendingStep();
+  auto step = std::make_unique<PendingStep>();
+  step->features = QueryTensor(context.features);
+  step->queries = {step->features.data_ptr<float>(), step->features.size(0),
+                   step->features.size(1)};
   if (subset_) {
     const torch::Tensor sentence = context.sentence.to(torch::kCPU, torch::kLong).contiguous();
     const int64_t* s = sentence.data_ptr<int64_t>();
-    row_group.assign(s, s + sentence.numel());
+    step->row_group.assign(s, s + sentence.numel());
   }
-  SearchParams params;
-  params.k = options_.k;
-  params.nprobe = options_.nprobe;
+  pending_ = std::move(step);
+  // The worker touches no tensor: the query bytes are ready, and the decoder only reads them.
+  worker_.Post([this, step = pending_.get(), params = StepParams()] {
+    const absl::Time start = absl::Now();
+    step->neighbors = SearchInPieces(*session_, step->queries, step->row_group, params,
+                                     retriever_->info().max_rows);
+    step->search_time = absl::Now() - start;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
+  if (pending_ == nullptr) RETURN_IF_ERROR(BeginStep(context));
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(Neighbors neighbors, SearchInPieces(*session_, queries, row_group, params,
-                                                       retriever_->info().max_rows));
+  worker_.Wait();
+  const std::unique_ptr<PendingStep> step = std::move(pending_);
   const absl::Time searched = absl::Now();
-  RETURN_IF_ERROR(
-      InterpolateKnn(neighbors, retriever_->info().metric, options_, context.log_probs));
   stats_.retrieval_time += searched - start;
+  stats_.search_time += step->search_time;
+  RETURN_IF_ERROR(step->neighbors.status());
+  RETURN_IF_ERROR(
+      InterpolateKnn(*step->neighbors, retriever_->info().metric, options_, context.log_probs));
   stats_.interpolate_time += absl::Now() - searched;
   ++stats_.steps;
-  stats_.query_rows += queries.rows;
+  stats_.query_rows += step->queries.rows;
   return absl::OkStatus();
 }
 
 absl::StatusOr<Neighbors> KnnLogitsProcessor::SearchOnce(const torch::Tensor& features) {
   const torch::Tensor f = QueryTensor(features);
   ASSIGN_OR_RETURN(std::unique_ptr<RetrievalSession> session, retriever_->StartSession({}));
-  SearchParams params;
-  params.k = options_.k;
-  params.nprobe = options_.nprobe;
-  return SearchInPieces(*session, {f.data_ptr<float>(), f.size(0), f.size(1)}, {}, params,
+  return SearchInPieces(*session, {f.data_ptr<float>(), f.size(0), f.size(1)}, {}, StepParams(),
                         retriever_->info().max_rows);
 }
 

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "client/decode/search.h"
 #include "client/knn/retriever.h"
+#include "client/knn/worker_thread.h"
 #include "common/search_types.h"
 
 namespace knnserve::knn {
@@ -64,13 +65,19 @@ struct KnnStats {
   int64_t query_rows = 0;
   int64_t subset_sentences = 0;     // sum of group sizes declared
   absl::Duration select_time;       // subset selection (sentence search)
-  absl::Duration retrieval_time;    // Search calls (network or in-process engine)
+  absl::Duration retrieval_time;    // the decoder waiting for the steps' neighbours
+  absl::Duration search_time;       // the Search calls themselves (network or in-process
+                                    // engine), from BeginStep on, partly while the model ran
   absl::Duration interpolate_time;  // p_kNN and the interpolation
 };
 
+// Each step's search starts at BeginStep on a worker thread and runs while the model computes
+// the step's log-probabilities; Process waits for it and interpolates.
 // Thread-compatible: one decoding thread at a time, as decode::SearchOptions requires.
 class KnnLogitsProcessor : public decode::LogitsProcessor {
  public:
+  ~KnnLogitsProcessor() override;
+
   // `retriever` (and `selector`, when not null: subset kNN-MT) must outlive the processor.
   static absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> Create(Retriever* retriever,
                                                                     const KnnOptions& options,
@@ -79,6 +86,10 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   // Ends the previous batch's session and starts this batch's (declaring its subset).
   absl::Status BeginBatch(const torch::Tensor& src_tokens,
                           const model::EncoderOutput& encoder_out) override;
+  // Starts the step's search with context.features (and, for subset kNN-MT, context.sentence).
+  absl::Status BeginStep(const decode::StepContext& context) override;
+  // Waits for the step's search (starting it first when BeginStep was not called) and
+  // interpolates context.log_probs in place.
   absl::Status Process(decode::StepContext& context) override;
 
   // Searches `features` [rows, d] with a full (not subset) search outside any decoding batch
@@ -89,7 +100,12 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   const KnnOptions& options() const { return options_; }
 
  private:
+  struct PendingStep;  // a search started by BeginStep, with its query and answer
+
   KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options, SubsetSelector* selector);
+  SearchParams StepParams() const;
+  // Waits for a search whose step failed before Process, and drops it.
+  void DiscardPendingStep();
 
   Retriever* const retriever_;
   const KnnOptions options_;
@@ -97,6 +113,9 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   std::unique_ptr<RetrievalSession> session_;
   bool subset_ = false;  // whether session_ declared groups (one per batch sentence)
   KnnStats stats_;
+  // The worker's job uses session_ and *pending_: declared last, it is destroyed (joined) first.
+  std::unique_ptr<PendingStep> pending_;
+  WorkerThread worker_;
 };
 
 }  // namespace knnserve::knn

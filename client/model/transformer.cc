@@ -299,11 +299,11 @@ DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out)
 }
 
 DecoderOutput TransformerDecoderImpl::Step(const torch::Tensor& tokens,
-                                           const EncoderOutput& encoder_out, DecoderState& state) {
+                                           const EncoderOutput& encoder_out, DecoderState& state,
+                                           bool with_logits) {
   torch::Tensor positions = torch::full({tokens.size(0), 1}, config_.pad_id + 1 + state.step,
                                         torch::dtype(torch::kLong).device(tokens.device()));
-  DecoderOutput out =
-      Run(Embed(tokens.view({-1, 1}), positions), encoder_out, &state, /*with_logits=*/true);
+  DecoderOutput out = Run(Embed(tokens.view({-1, 1}), positions), encoder_out, &state, with_logits);
   ++state.step;
   return out;
 }
@@ -320,9 +320,13 @@ DecoderOutput TransformerDecoderImpl::Run(torch::Tensor x, const EncoderOutput& 
   if (layer_norm) x = layer_norm->forward(x);
   out.features = x;
   if (!with_logits) return out;
-  out.logits =
-      output_projection ? output_projection->forward(x) : torch::linear(x, embed_tokens->weight);
+  out.logits = Logits(x);
   return out;
+}
+
+torch::Tensor TransformerDecoderImpl::Logits(const torch::Tensor& features) {
+  return output_projection ? output_projection->forward(features)
+                           : torch::linear(features, embed_tokens->weight);
 }
 
 // ---------------------------------------------------------------------------------------------

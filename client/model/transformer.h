@@ -144,9 +144,12 @@ class TransformerDecoderImpl : public torch::nn::Module {
                         bool with_logits = true);
   // Incremental decoding: computes the encoder keys/values once.
   DecoderState InitState(const EncoderOutput& encoder_out);
-  // tokens [batch]: the last token of every row (EOS at step 0). Outputs have tgt_len == 1.
+  // tokens [batch]: the last token of every row (EOS at step 0). Outputs have tgt_len == 1;
+  // with_logits false leaves `logits` undefined (Logits computes them later).
   DecoderOutput Step(const torch::Tensor& tokens, const EncoderOutput& encoder_out,
-                     DecoderState& state);
+                     DecoderState& state, bool with_logits = true);
+  // The output projection: features [..., d] -> unnormalized logits [..., V_tgt].
+  torch::Tensor Logits(const torch::Tensor& features);
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::Embedding embed_positions{nullptr};      // learned positions only
@@ -180,8 +183,8 @@ class TransformerModelImpl : public torch::nn::Module {
     return decoder->InitState(encoder_out);
   }
   DecoderOutput DecodeStep(const torch::Tensor& tokens, const EncoderOutput& encoder_out,
-                           DecoderState& state) {
-    return decoder->Step(tokens, encoder_out, state);
+                           DecoderState& state, bool with_logits = true) {
+    return decoder->Step(tokens, encoder_out, state, with_logits);
   }
 
   // Named parameters without duplicates (a shared embedding keeps its first name,

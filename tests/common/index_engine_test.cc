@@ -242,6 +242,25 @@ void ExpectSameNeighborsUpToNearTies(const Neighbors& want, const Neighbors& got
   }
 }
 
+TEST(FaissIndex, FlatServingFormAnswersFewQueriesAsFaissUpToRounding) {
+  // Up to 4 queries the serving form takes one matrix-vector product per query instead of
+  // faiss's blocked matrix products: other roundings, the same neighbours.
+  ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  ASSERT_THAT(faiss_flat->Add(Data().keys.view()), IsOk());
+  ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  ASSERT_THAT(serving->Add(Data().keys.view()), IsOk());
+  ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
+  for (const int64_t n : {1, 3, 4}) {
+    const Matrix<float> q = MakeQueries(Data().keys, n, 31 + n);
+    for (const int k : {1, 10, 7000}) {  // 7000 > kRows: the missing tail is -1
+      ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {k, 0, 0}));
+      ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {k, 0, 0}));
+      ExpectSameNeighborsUpToNearTies(want, got);
+      EXPECT_EQ(std::count(got.ids.begin(), got.ids.end(), -1), k > kRows ? n * (k - kRows) : 0);
+    }
+  }
+}
+
 TEST(IvfAdc, ServingFormAnswersAsFaissUpToRounding) {
   const Matrix<float> q = MakeQueries(Data().keys, 200, 31);
   for (const char* factory : {"IVF32,PQ8", "IVF16,PQ16", "OPQ4_16,IVF16,PQ4", "IVF16_HNSW8,PQ4"}) {

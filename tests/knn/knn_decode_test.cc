@@ -5,12 +5,14 @@
 #include <optional>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "client/decode/search.h"
 #include "client/knn/knn_processor.h"
 #include "client/knn/local_retriever.h"
 #include "client/knn/remote_retriever.h"
 #include "client/knn/subset_selector.h"
 #include "common/index/index_engine.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -286,6 +288,112 @@ TEST_F(KnnDecodeTest, TranslationSurvivesAKilledReplica) {
   auto remote_processor = MakeProcessor(remote.get(), options);
   KillingProcessor killing(remote_processor.get(), cluster.shards[1].get(), 3);
   EXPECT_EQ(Decode(*model_, src, &killing, 5), expected);
+}
+
+// Wraps a retriever: every Search reports that it started, then waits until the test releases
+// it (or 30 s pass, then it fails), so a test can see a search running while its caller is free.
+class GatedRetriever : public knn::Retriever {
+ public:
+  explicit GatedRetriever(knn::Retriever* inner) : inner_(inner) {}
+  const knn::RetrieverInfo& info() const override { return inner_->info(); }
+  absl::StatusOr<std::unique_ptr<knn::RetrievalSession>> StartSession(
+      SubsetGroups groups) override {
+    ASSIGN_OR_RETURN(auto session, inner_->StartSession(std::move(groups)));
+    return std::make_unique<Session>(std::move(session), this);
+  }
+  absl::Notification started;
+  absl::Notification release;
+
+ private:
+  class Session : public knn::RetrievalSession {
+   public:
+    Session(std::unique_ptr<knn::RetrievalSession> inner, GatedRetriever* gate)
+        : inner_(std::move(inner)), gate_(gate) {}
+    absl::StatusOr<Neighbors> Search(MatrixView<const float> queries,
+                                     const std::vector<int32_t>& row_group,
+                                     const SearchParams& params) override {
+      gate_->started.Notify();
+      if (!gate_->release.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+        return absl::DeadlineExceededError("the test never released the search");
+      }
+      return inner_->Search(queries, row_group, params);
+    }
+
+   private:
+    std::unique_ptr<knn::RetrievalSession> inner_;
+    GatedRetriever* gate_;
+  };
+  knn::Retriever* inner_;
+};
+
+// One decoding step's context for `rows` random queries: features and log-probabilities.
+decode::StepContext RandomStep(int64_t rows, int64_t dim, int64_t vocab) {
+  torch::manual_seed(5);
+  decode::StepContext context;
+  context.features = torch::randn({rows, dim});
+  context.sentence = torch::zeros({rows}, torch::kLong);
+  context.log_probs = torch::log_softmax(torch::randn({rows, vocab}), 1);
+  return context;
+}
+
+TEST_F(KnnDecodeTest, StepSearchRunsWhileTheModelComputesLogProbs) {
+  auto local = Local(*flat_);
+  GatedRetriever gated(local.get());
+  knn::KnnOptions options;
+  options.k = 4;
+  auto processor = MakeProcessor(&gated, options);
+  auto reference = MakeProcessor(local.get(), options);
+  const int64_t vocab = (*model_)->config().tgt_vocab_size;
+  const torch::Tensor src = SourceBatch(*pairs_);
+  const model::EncoderOutput encoder_out = (*model_)->Encode(src);
+  ASSERT_OK(processor->BeginBatch(src, encoder_out));
+  ASSERT_OK(reference->BeginBatch(src, encoder_out));
+
+  decode::StepContext step = RandomStep(6, local->info().dim, vocab);
+  decode::StepContext expected = step;
+  expected.log_probs = step.log_probs.clone();
+  // BeginStep returns while the search it started is blocked: the search runs on its own thread.
+  ASSERT_OK(processor->BeginStep(step));
+  ASSERT_TRUE(gated.started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  gated.release.Notify();
+  ASSERT_OK(processor->Process(step));
+  // The same step without BeginStep, on the ungated retriever: the same interpolation.
+  ASSERT_OK(reference->Process(expected));
+  EXPECT_TRUE(torch::equal(step.log_probs, expected.log_probs));
+  EXPECT_EQ(processor->stats().steps, 1);
+  EXPECT_GT(processor->stats().search_time, absl::ZeroDuration());
+}
+
+TEST_F(KnnDecodeTest, AStepAbandonedAfterBeginStepLeavesTheProcessorUsable) {
+  auto retriever = Local(*flat_);
+  knn::KnnOptions options;
+  options.k = 4;
+  auto processor = MakeProcessor(retriever.get(), options);
+  const torch::Tensor src = SourceBatch(*pairs_);
+  const model::EncoderOutput encoder_out = (*model_)->Encode(src);
+  const int64_t vocab = (*model_)->config().tgt_vocab_size;
+  ASSERT_OK(processor->BeginBatch(src, encoder_out));
+  decode::StepContext abandoned = RandomStep(3, retriever->info().dim, vocab);
+  ASSERT_OK(processor->BeginStep(abandoned));
+  // The search failed before Process (say, the model threw): the next batch starts cleanly,
+  // and its step is answered with its own rows.
+  ASSERT_OK(processor->BeginBatch(src, encoder_out));
+  decode::StepContext step = RandomStep(5, retriever->info().dim, vocab);
+  ASSERT_OK(processor->BeginStep(step));
+  ASSERT_OK(processor->Process(step));
+  EXPECT_EQ(processor->stats().steps, 1);
+  EXPECT_EQ(processor->stats().query_rows, 5);
+}
+
+TEST_F(KnnDecodeTest, ProcessBeforeBeginBatchIsAnError) {
+  auto retriever = Local(*flat_);
+  auto processor = MakeProcessor(retriever.get(), knn::KnnOptions());
+  decode::StepContext step =
+      RandomStep(2, retriever->info().dim, (*model_)->config().tgt_vocab_size);
+  EXPECT_THAT(processor->BeginStep(step),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("BeginBatch")));
+  EXPECT_THAT(processor->Process(step),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("BeginBatch")));
 }
 
 TEST_F(KnnDecodeTest, RemoteStepDeadlineAndUnreachableRouterAreClearErrors) {
