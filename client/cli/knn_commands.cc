@@ -44,9 +44,8 @@ struct RetrievalFlags {
   std::string knn_config;  // JSON written by `knnserve tune`; explicit flags win
   int subset_sentences = 512;
   std::string sentence_index;
-  // Embedded mode: threads of a step's search, which runs beside the model's threads while
-  // they compute the step's log-probabilities.
-  int search_threads = 1;
+  // Embedded mode: threads of a step's search (0: auto, see SearchThreads).
+  int search_threads = 0;
   knn::RemoteRetrieverOptions remote;
   int64_t step_deadline_ms = 10000;
 };
@@ -60,9 +59,11 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "values; its index/ is searched in-process unless --router or --index");
   cmd->add_option("--index", f->index_dir, "embedded retrieval: index directory (no servers)");
   cmd->add_option("--search-threads", f->search_threads,
-                  "embedded retrieval: threads of each step's search, which runs while the "
-                  "model computes the step's log-probabilities on --threads threads")
-      ->check(CLI::Range(1, 1024))
+                  "embedded retrieval: threads of each step's search. Fewer than --threads: "
+                  "the search runs beside the model while it computes the step's "
+                  "log-probabilities; as many: after it. 0: 1 when batch x beam <= 80 query "
+                  "rows, else --threads")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   cmd->add_option("--router", f->router, "remote retrieval: router address host:port");
   cmd->add_option("--knn-topk", f->knn.k, "neighbours per step (k)")->capture_default_str();
@@ -132,9 +133,22 @@ absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
   return absl::OkStatus();
 }
 
+// Up to this many query rows per step (batch x beam), the embedded search runs on one thread
+// beside the model's. On 2 cores, small steps leave a core idle in both the model's products
+// and the search, and overlapping them paid (in-process kNN-MT at batch 1 and 16, beam 5);
+// large steps keep both cores busy in each, and overlapping them cost more than it hid (the
+// threads then contend), so their search takes all threads after the model.
+constexpr int64_t kOverlapStepRows = 80;
+
+int SearchThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
+  if (flags.search_threads > 0) return flags.search_threads;
+  return step_rows <= kOverlapStepRows ? 1 : threads;
+}
+
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
-// selector for subset-knn, and a processor with flags.knn.
-absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads) {
+// selector for subset-knn, and a processor with flags.knn. step_rows: batch size x beam.
+absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads,
+                                 int64_t step_rows) {
   KnnSetup setup;
   if (flags.mode == "base") return setup;
   if (!flags.datastore.empty()) {
@@ -149,8 +163,9 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
         " needs exactly one of --index DIR or --datastore DIR (embedded) or --router ADDR"));
   }
   if (!flags.index_dir.empty()) {
-    ASSIGN_OR_RETURN(setup.retriever,
-                     knn::LocalRetriever::Create(flags.index_dir, flags.search_threads));
+    const int search_threads = SearchThreads(flags, threads, step_rows);
+    ASSIGN_OR_RETURN(setup.retriever, knn::LocalRetriever::Create(flags.index_dir, search_threads));
+    flags.knn.overlap_search = search_threads < threads;
   } else {
     flags.remote.address = flags.router;
     flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);
@@ -245,13 +260,14 @@ struct TranslateFlags {
 void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   AdviseWaitPolicy();
   KeepFreedMemory();
-  // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (the embedded
-  // search runs on its own thread with --search-threads; the engine sets its count per call).
+  // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (the embedded search
+  // sets its own count, --search-threads, per call).
   at::set_num_threads(flags.threads);
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
-  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads);
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads,
+                                         flags.batch_size * flags.search.beam_size);
   ExitOnError(knn.status());
   const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
   absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
@@ -375,7 +391,8 @@ void RunTune(TuneFlags& flags) {
   }
   decode::SearchOptions search;
   search.beam_size = flags.beam;
-  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads);
+  absl::StatusOr<KnnSetup> knn =
+      MakeKnn(flags.retrieval, flags.model, flags.threads, flags.batch_size * flags.beam);
   ExitOnError(knn.status());
   KnnSetup base;
   auto score = [&](KnnSetup& setup) -> double {
@@ -397,7 +414,7 @@ void RunTune(TuneFlags& flags) {
   for (int k : flags.topk) {
     for (double t : flags.temperature) {
       for (double w : flags.weight) {
-        knn::KnnOptions options = flags.retrieval.knn;
+        knn::KnnOptions options = knn->processor->options();  // as MakeKnn set it up
         options.k = k;
         options.temperature = t;
         options.weight = w;

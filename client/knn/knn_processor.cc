@@ -204,11 +204,11 @@ absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
   return absl::OkStatus();
 }
 
-absl::Status KnnLogitsProcessor::BeginStep(const decode::StepContext& context) {
+absl::StatusOr<std::unique_ptr<KnnLogitsProcessor::PendingStep>> KnnLogitsProcessor::PrepareStep(
+    const decode::StepContext& context) const {
   if (session_ == nullptr) {
     return absl::FailedPreconditionError("kNN-MT step before BeginBatch");
   }
-  DiscardPendingStep();
   auto step = std::make_unique<PendingStep>();
   step->features = QueryTensor(context.features);
   step->queries = {step->features.data_ptr<float>(), step->features.size(0),
@@ -218,22 +218,36 @@ absl::Status KnnLogitsProcessor::BeginStep(const decode::StepContext& context) {
     const int64_t* s = sentence.data_ptr<int64_t>();
     step->row_group.assign(s, s + sentence.numel());
   }
-  pending_ = std::move(step);
-  // The worker touches no tensor: the query bytes are ready, and the decoder only reads them.
-  worker_.Post([this, step = pending_.get(), params = StepParams()] {
-    const absl::Time start = absl::Now();
-    step->neighbors = SearchInPieces(*session_, step->queries, step->row_group, params,
-                                     retriever_->info().max_rows);
-    step->search_time = absl::Now() - start;
-  });
+  return step;
+}
+
+// Touches no tensor: it runs on the worker while the decoder computes with the features (which
+// it only reads).
+void KnnLogitsProcessor::RunSearch(PendingStep& step) const {
+  const absl::Time start = absl::Now();
+  step.neighbors = SearchInPieces(*session_, step.queries, step.row_group, StepParams(),
+                                  retriever_->info().max_rows);
+  step.search_time = absl::Now() - start;
+}
+
+absl::Status KnnLogitsProcessor::BeginStep(const decode::StepContext& context) {
+  if (!options_.overlap_search) return absl::OkStatus();
+  DiscardPendingStep();
+  ASSIGN_OR_RETURN(pending_, PrepareStep(context));
+  worker_.Post([this, step = pending_.get()] { RunSearch(*step); });
   return absl::OkStatus();
 }
 
 absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
-  if (pending_ == nullptr) RETURN_IF_ERROR(BeginStep(context));
   const absl::Time start = absl::Now();
-  worker_.Wait();
-  const std::unique_ptr<PendingStep> step = std::move(pending_);
+  std::unique_ptr<PendingStep> step;
+  if (pending_ != nullptr) {
+    worker_.Wait();
+    step = std::move(pending_);
+  } else {
+    ASSIGN_OR_RETURN(step, PrepareStep(context));
+    RunSearch(*step);
+  }
   const absl::Time searched = absl::Now();
   stats_.retrieval_time += searched - start;
   stats_.search_time += step->search_time;

@@ -32,6 +32,9 @@ struct KnnOptions {
   int nprobe = 0;           // --knn-nprobe: IVF lists probed (0: the index's default)
   double threshold = 0;     // --knn-threshold: neighbours with distance > threshold are
                             // ignored (0: off); a row left without any keeps p_MT
+  // Whether a step's search starts at BeginStep, on the processor's worker thread, and runs
+  // while the model computes the log-probabilities; otherwise Process searches.
+  bool overlap_search = true;
 };
 
 // INVALID_ARGUMENT naming the bad knob.
@@ -71,8 +74,9 @@ struct KnnStats {
   absl::Duration interpolate_time;  // p_kNN and the interpolation
 };
 
-// Each step's search starts at BeginStep on a worker thread and runs while the model computes
-// the step's log-probabilities; Process waits for it and interpolates.
+// With options.overlap_search, each step's search starts at BeginStep on a worker thread and
+// runs while the model computes the step's log-probabilities; Process waits for it and
+// interpolates.
 // Thread-compatible: one decoding thread at a time, as decode::SearchOptions requires.
 class KnnLogitsProcessor : public decode::LogitsProcessor {
  public:
@@ -86,10 +90,11 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   // Ends the previous batch's session and starts this batch's (declaring its subset).
   absl::Status BeginBatch(const torch::Tensor& src_tokens,
                           const model::EncoderOutput& encoder_out) override;
-  // Starts the step's search with context.features (and, for subset kNN-MT, context.sentence).
+  // With overlap_search, starts the step's search with context.features (and, for subset
+  // kNN-MT, context.sentence).
   absl::Status BeginStep(const decode::StepContext& context) override;
-  // Waits for the step's search (starting it first when BeginStep was not called) and
-  // interpolates context.log_probs in place.
+  // Waits for the search BeginStep started, or searches (on this thread) when none was
+  // started, and interpolates context.log_probs in place.
   absl::Status Process(decode::StepContext& context) override;
 
   // Searches `features` [rows, d] with a full (not subset) search outside any decoding batch
@@ -104,6 +109,10 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
 
   KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options, SubsetSelector* selector);
   SearchParams StepParams() const;
+  // The step's query rows, copied out of the tensors.
+  absl::StatusOr<std::unique_ptr<PendingStep>> PrepareStep(
+      const decode::StepContext& context) const;
+  void RunSearch(PendingStep& step) const;
   // Waits for a search whose step failed before Process, and drops it.
   void DiscardPendingStep();
 

@@ -364,6 +364,24 @@ TEST_F(KnnDecodeTest, StepSearchRunsWhileTheModelComputesLogProbs) {
   EXPECT_GT(processor->stats().search_time, absl::ZeroDuration());
 }
 
+TEST_F(KnnDecodeTest, WithoutOverlapTheSearchWaitsForProcess) {
+  auto local = Local(*flat_);
+  GatedRetriever gated(local.get());
+  knn::KnnOptions options;
+  options.k = 4;
+  options.overlap_search = false;
+  auto processor = MakeProcessor(&gated, options);
+  const torch::Tensor src = SourceBatch(*pairs_);
+  ASSERT_OK(processor->BeginBatch(src, (*model_)->Encode(src)));
+  decode::StepContext step = RandomStep(2, local->info().dim, (*model_)->config().tgt_vocab_size);
+  ASSERT_OK(processor->BeginStep(step));
+  EXPECT_FALSE(gated.started.HasBeenNotified());
+  gated.release.Notify();
+  ASSERT_OK(processor->Process(step));
+  EXPECT_TRUE(gated.started.HasBeenNotified());
+  EXPECT_EQ(processor->stats().steps, 1);
+}
+
 TEST_F(KnnDecodeTest, AStepAbandonedAfterBeginStepLeavesTheProcessorUsable) {
   auto retriever = Local(*flat_);
   knn::KnnOptions options;
