@@ -61,8 +61,8 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
   cmd->add_option("--search-threads", f->search_threads,
                   "embedded retrieval: threads of each step's search. Fewer than --threads: "
                   "the search runs beside the model while it computes the step's "
-                  "log-probabilities; as many: after it. 0: 1 when batch x beam <= 80 query "
-                  "rows, else --threads")
+                  "log-probabilities; as many: after it. 0: 1 for --mode knn with batch x "
+                  "beam <= 80 query rows, else --threads")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   cmd->add_option("--router", f->router, "remote retrieval: router address host:port");
@@ -133,16 +133,17 @@ absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
   return absl::OkStatus();
 }
 
-// Up to this many query rows per step (batch x beam), the embedded search runs on one thread
-// beside the model's. On 2 cores, small steps leave a core idle in both the model's products
-// and the search, and overlapping them paid (in-process kNN-MT at batch 1 and 16, beam 5);
-// large steps keep both cores busy in each, and overlapping them cost more than it hid (the
-// threads then contend), so their search takes all threads after the model.
+// Up to this many query rows per step (batch x beam), the embedded full search runs on one
+// thread beside the model's. Measured on 2 cores, beam 5, interleaved: overlapping the full
+// search paid at batch 1 and 16 (1.06-1.31x), where neither it nor the model's products keep
+// both cores busy, and cost at batch 64 (the threads contend). Overlapping the subset search
+// cost at batch 16 (0.87-0.89x) and was neutral at batch 1, so it runs after the model, on all
+// threads.
 constexpr int64_t kOverlapStepRows = 80;
 
 int SearchThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
   if (flags.search_threads > 0) return flags.search_threads;
-  return step_rows <= kOverlapStepRows ? 1 : threads;
+  return flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1 : threads;
 }
 
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
