@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/adc/adc_kernels.h"
+#include "common/adc/packed_lines.h"
 #include "common/adc/pq_codebook.h"
 #include "common/matrix.h"
 #include "common/search_types.h"
@@ -33,7 +34,6 @@
 namespace knnserve {
 
 namespace adc_internal {
-struct PackedLine;
 struct LutQuantization;
 }  // namespace adc_internal
 
@@ -120,7 +120,7 @@ class IvfAdc {
   float centroid_bound_ = 0.0f;           // sqrt(Σ_m max_c ||r_mc||²) (Cauchy-Schwarz bounds)
   // List l: blocks [block_begin_[l], block_begin_[l + 1]) of m lines each, and vectors
   // [list_begin_[l], list_begin_[l + 1]) of ids_.
-  std::vector<adc_internal::PackedLine> lines_;
+  adc_internal::PackedLines lines_;
   std::vector<int64_t> block_begin_;
   std::vector<int64_t> list_begin_;
   std::vector<uint32_t> ids_;

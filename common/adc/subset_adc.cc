@@ -130,8 +130,8 @@ struct SubsetAdc::Scratch {
 // Scan position p is the (p - starts[r])-th token of run r, for the run whose start precedes it.
 struct SubsetAdc::PackedSubset {
   Ranges ranges;
-  std::vector<int64_t> starts;    // ranges.size() + 1 scan positions; starts.back() = size()
-  std::vector<PackedLine> lines;  // one block (m lines) per kAdcBlock positions
+  std::vector<int64_t> starts;      // ranges.size() + 1 scan positions; starts.back() = size()
+  adc_internal::PackedLines lines;  // one block (m lines) per kAdcBlock positions
 
   int64_t size() const { return starts.back(); }
   // The local token at scan position p. REQUIRES: 0 <= p < size().

@@ -10,15 +10,11 @@
 #include <vector>
 
 #include "common/adc/adc_kernels.h"
+#include "common/adc/packed_lines.h"
 #include "common/adc/pq_codebook.h"
 #include "common/search_types.h"
 
 namespace knnserve::adc_internal {
-
-// One sub-quantizer's kAdcBlock code bytes of a packed block (a block is m lines).
-struct alignas(64) PackedLine {
-  uint8_t bytes[kAdcBlock];
-};
 
 using Candidate = std::pair<float, int64_t>;  // distance, id
 

@@ -239,6 +239,19 @@ std::unique_ptr<SubsetAdc> AdcFor(const faiss::IndexPQ& index, Metric metric,
 
 // ADC over all codes returns faiss IndexPQ's own distances (its distance tables) within 1e-4
 // relative, for the same codes and codebook.
+TEST(PackedLines, AlignedToLinesAndLargeBlocksToHugePages) {
+  for (const size_t lines : {size_t{1}, size_t{100}, adc_internal::kHugePageBytes / 64 + 1}) {
+    adc_internal::PackedLines packed(lines);
+    const auto address = reinterpret_cast<uintptr_t>(packed.data());
+    EXPECT_EQ(address % 64, 0u) << lines << " lines";
+    if (lines * sizeof(adc_internal::PackedLine) >= adc_internal::kHugePageBytes) {
+      EXPECT_EQ(address % adc_internal::kHugePageBytes, 0u) << lines << " lines";
+    }
+    // Value-initialized, as any vector: the scans read padding lanes as code 0.
+    EXPECT_EQ(packed.back().bytes[kAdcBlock - 1], 0);
+  }
+}
+
 TEST(SubsetAdc, DistancesEqualFaissPqWithinTolerance) {
   for (Metric metric : {Metric::kL2, Metric::kInnerProduct}) {
     SCOPED_TRACE(MetricName(metric));
