@@ -45,8 +45,7 @@ absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
   context.ffn_in = out.ffn_in.squeeze(1);
   context.sentence = torch::tensor(row_sentence, torch::kLong);
   if (options.processor != nullptr) RETURN_IF_ERROR(options.processor->BeginStep(context));
-  context.log_probs =
-      torch::log_softmax(model->decoder->Logits(context.features).to(torch::kFloat), -1);
+  context.log_probs = torch::log_softmax(model->Logits(context.features).to(torch::kFloat), -1);
   const auto expected_shape = context.log_probs.sizes().vec();
   if (options.processor != nullptr) {
     RETURN_IF_ERROR(options.processor->Process(context));

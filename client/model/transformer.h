@@ -186,6 +186,7 @@ class TransformerModelImpl : public torch::nn::Module {
                            DecoderState& state, bool with_logits = true) {
     return decoder->Step(tokens, encoder_out, state, with_logits);
   }
+  torch::Tensor Logits(const torch::Tensor& features) { return decoder->Logits(features); }
 
   // Named parameters without duplicates (a shared embedding keeps its first name,
   // "encoder.embed_tokens.weight"): what checkpoints store and optimizers update.

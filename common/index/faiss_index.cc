@@ -231,8 +231,8 @@ std::vector<float> StoredNorms(const faiss::IndexFlat& flat) {
 
 // Up to this many queries, an exact Flat search takes one matrix-vector product per query.
 // faiss's knn_L2sqr takes blocked matrix products, and OpenBLAS copies (packs) every block of
-// stored vectors at every call: for one query against subset kNN-MT's 58k sentence keys that
-// copy cost four times the product itself.
+// stored vectors at every call: for one query against subset kNN-MT's 58k sentence keys (256
+// dims) the search took 10 ms that way, 3.2 ms this way.
 constexpr int64_t kMatrixVectorQueries = 4;
 
 // The k nearest of each of n queries by squared L2 (|x|^2 + |y|^2 - 2<x, y>, clipped at 0, as
@@ -269,7 +269,8 @@ void MatrixVectorL2Search(const faiss::IndexFlat& flat, const std::vector<float>
 // computes them (knn_L2sqr), given the stored norms: the same answers up to float rounding.
 void FlatL2Search(const faiss::IndexFlat& flat, const std::vector<float>& norms, const float* x,
                   int64_t n, int64_t k, float* distances, idx_t* labels) {
-  if (n <= kMatrixVectorQueries && flat.ntotal > 0) {
+  if (n <= kMatrixVectorQueries && flat.ntotal > 0 &&
+      flat.ntotal <= std::numeric_limits<int>::max()) {  // BLAS counts rows in int
     MatrixVectorL2Search(flat, norms, x, n, k, distances, labels);
   } else {
     faiss::knn_L2sqr(x, flat.get_xb(), flat.d, n, flat.ntotal, k, distances, labels, norms.data());
