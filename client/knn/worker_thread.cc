@@ -3,13 +3,17 @@
 #include <utility>
 
 namespace knnserve::knn {
+namespace {
+
+bool Idle(bool* busy) { return !*busy; }
+
+}  // namespace
 
 WorkerThread::~WorkerThread() {
   if (!thread_.joinable()) return;
   {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](bool* busy) { return !*busy; }, &busy_));
+    mu_.Await(absl::Condition(Idle, &busy_));
     stop_ = true;
   }
   thread_.join();
@@ -26,8 +30,7 @@ void WorkerThread::Post(std::function<void()> job) {
 
 void WorkerThread::Wait() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](bool* busy) { return !*busy; }, &busy_));
+  mu_.Await(absl::Condition(Idle, &busy_));
 }
 
 void WorkerThread::Loop() {

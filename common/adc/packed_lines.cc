@@ -23,6 +23,6 @@ void* AllocatePackedMemory(size_t bytes) {
   return memory;
 }
 
-void FreePackedMemory(void* memory, size_t /*bytes*/) noexcept { std::free(memory); }
+void FreePackedMemory(void* memory) noexcept { std::free(memory); }
 
 }  // namespace knnserve::adc_internal
