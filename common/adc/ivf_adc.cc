@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,8 +48,17 @@ absl::Status CheckLists(const IvfPqLists& lists) {
 
 }  // namespace
 
+// A survivor of the pre-scan awaiting its exact distance: probe p's list, position in it, and
+// the lower bound of its distance.
+struct IvfAdc::Pending {
+  double lower;
+  int probe;
+  int64_t position;  // −1 once costed
+};
+
 struct IvfAdc::Scratch {
-  std::vector<float> residual;       // dim: x = q − c_l
+  std::vector<float> residuals;      // nprobe x dim: x = q − c_l per probe
+  std::vector<float> x_norms;        // nprobe: ||x||²
   std::vector<float> query_lut;      // m x 256: T of the query
   std::vector<uint8_t> query_table;  // and quantized
   std::vector<uint16_t> biases;      // per position of the list: its b in table steps
@@ -56,8 +66,13 @@ struct IvfAdc::Scratch {
   std::vector<uint8_t> residual_table;
   CandidateFilter filter;
   uint8_t code[kMaxAdcM];
-  std::vector<float> costs;  // the survivors' exact costs
-  std::vector<Candidate> heap;
+  std::vector<Pending> pending;
+  std::vector<int> pending_per_probe;
+  // Max-heap of the k smallest upper bounds of distances offered; kth_bound its top (infinite
+  // until k are known), an upper bound of the row's k-th distance.
+  std::vector<double> upper_bounds;
+  double kth_bound = 0.0;
+  std::vector<Candidate> heap;  // the k nearest by exact distance
 };
 
 absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options options) {
@@ -247,31 +262,62 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
 
 namespace {
 
+constexpr double kNoBound = std::numeric_limits<double>::infinity();
+
+// Widens a distance bound x_norm + cost for the float rounding of that sum (and of the bound's
+// own arithmetic) by a wide factor.
+double Rounding(double cost, float x_norm) { return 4.0 * FLT_EPSILON * (std::abs(cost) + x_norm); }
+
 // The largest integer sum worth keeping in a list whose distances are x_norm + cost (cost
-// bounded by `bounds`), given the heap of the row: no limit until it holds k candidates; −1
-// when nothing in the list can rank before them.
-int64_t SumCap(const std::vector<Candidate>& heap, int k, const LutQuantization& bounds,
-               float x_norm) {
-  if (static_cast<int>(heap.size()) < k || bounds.keeps_all()) return LutQuantization::kKeepAll;
-  // The worst distance so far, less the list's constant, widened by the rounding of adding it.
-  const double worst = heap.front().first;
-  const double rounding = 4.0 * FLT_EPSILON * (std::abs(worst) + x_norm);
-  return bounds.LargestSumWithin(worst - x_norm + rounding);
+// bounded by `bounds`), when k vectors at distances <= `kth_bound` are known: no limit while
+// kth_bound is infinite; −1 when nothing in the list can rank before them.
+int64_t SumCap(double kth_bound, const LutQuantization& bounds, float x_norm) {
+  if (kth_bound == kNoBound || bounds.keeps_all()) return LutQuantization::kKeepAll;
+  return bounds.LargestSumWithin(kth_bound - x_norm + Rounding(kth_bound, x_norm));
 }
 
 }  // namespace
 
-// Lists are scanned one after the other (nearest first) into one heap: once it holds k
-// candidates, its worst distance caps the integer sums worth keeping in the next lists
-// (LargestSumWithin), on top of each list's own k-th-sum filter, so most lists leave only a
-// handful of survivors to re-rank.
+// A max-heap of the k smallest upper bounds offered; its top is the bound. Replacing the top
+// sifts the new bound down in one pass (pop_heap + push_heap take two).
+void IvfAdc::OfferUpperBound(double upper, int k, Scratch& scratch) const {
+  if (upper >= scratch.kth_bound) return;
+  std::vector<double>& heap = scratch.upper_bounds;
+  if (static_cast<int>(heap.size()) < k) {
+    heap.push_back(upper);
+    std::push_heap(heap.begin(), heap.end());
+    if (static_cast<int>(heap.size()) == k) scratch.kth_bound = heap.front();
+    return;
+  }
+  size_t at = 0;
+  for (size_t child = 1; child < heap.size(); child = 2 * at + 1) {
+    if (child + 1 < heap.size() && heap[child + 1] > heap[child]) ++child;
+    if (heap[child] <= upper) break;
+    heap[at] = heap[child];
+    at = child;
+  }
+  heap[at] = upper;
+  scratch.kth_bound = heap.front();
+}
+
+// All probed lists are scanned first, their survivors kept with the bounds of their distances;
+// the k smallest upper bounds so far cap the integer sums worth keeping in the next lists. Only
+// then are survivors re-ranked, nearest lower bound first, until the k-th exact distance found
+// is below the next lower bound. Re-ranking each list's survivors as it was scanned (the
+// previous form) costed every vector that ranked among the first k of the lists seen so far:
+// about k (1 + ln nprobe) per row instead of k plus those whose bounds straddle the k-th
+// distance.
 void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, int k,
                        Scratch& scratch, int64_t row, Neighbors& out) const {
   const int m = codebook_.m;
   const int d = dim();
   const size_t table_size = static_cast<size_t>(m) * kLutSize;
   scratch.heap.clear();
-  scratch.residual.resize(d);
+  scratch.upper_bounds.clear();
+  scratch.kth_bound = kNoBound;
+  scratch.pending.clear();
+  scratch.residuals.resize(static_cast<size_t>(nprobe) * d);
+  scratch.x_norms.resize(nprobe);
   LutQuantization query_bounds;
   query_bounds.margin = LutQuantization::kKeepAll;  // unusable until built
   double query_norm = 0.0;
@@ -287,19 +333,21 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
   for (int p = 0; p < nprobe; ++p) {
     const int64_t list = probes[p];
     if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
-    float* x = scratch.residual.data();
+    float* x = scratch.residuals.data() + static_cast<size_t>(p) * d;
     const float* centroid = coarse_centroids_.data() + list * d;
     float x_norm = 0.0f;
     for (int j = 0; j < d; ++j) {
       x[j] = query[j] - centroid[j];
       x_norm += x[j] * x[j];
     }
+    scratch.x_norms[p] = x_norm;
     if (!query_bounds.keeps_all() &&
-        ScanWithQueryTable(list, x, x_norm, query_norm, query_bounds, k, scratch)) {
+        ScanWithQueryTable(p, list, x_norm, query_norm, query_bounds, k, scratch)) {
       continue;
     }
     ScanWithResidualTable(list, x, x_norm, k, scratch);
   }
+  RerankPending(probes, k, scratch);
   adc_internal::WriteNearestFirst(Metric::kL2, scratch.heap, row, k, out);
 }
 
@@ -313,7 +361,7 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
 // the rounding of T's entries and sums, of the residual form, of x and of base' (bounded from
 // the magnitudes by Cauchy-Schwarz, with a wide factor) plus the biases' flooring; the
 // filter's margin is the window's width, upper + slack'.
-bool IvfAdc::ScanWithQueryTable(int64_t list, const float* x, float x_norm, double query_norm,
+bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double query_norm,
                                 const LutQuantization& query_bounds, int k,
                                 Scratch& scratch) const {
   const int m = codebook_.m;
@@ -335,8 +383,8 @@ bool IvfAdc::ScanWithQueryTable(int64_t list, const float* x, float x_norm, doub
   bounds.step = query_bounds.step;
   bounds.slack = static_cast<int>(slack);
   bounds.margin = static_cast<int>(upper + slack);
-  const int64_t cap = SumCap(scratch.heap, k, bounds, x_norm);
-  if (cap < 0) return true;  // nothing in this list can rank before the k found
+  const int64_t cap = SumCap(scratch.kth_bound, bounds, x_norm);
+  if (cap < 0) return true;  // nothing in this list can rank before the k bounded
 
   const int64_t first = list_begin_[list];
   const int64_t n = list_begin_[list + 1] - first;
@@ -350,8 +398,21 @@ bool IvfAdc::ScanWithQueryTable(int64_t list, const float* x, float x_norm, doub
   const uint16_t* biases = scratch.biases.data();
   adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m, n,
                                    m, &biases, &scratch.filter);
-  OfferSurvivors(list, x, x_norm, k, /*residual_lut=*/nullptr, scratch);
+  DeferSurvivors(probe, x_norm, bounds, k, scratch);
   return true;
+}
+
+// A survivor of sum Q costs within [base + step (Q − slack), base + step (Q − slack + margin)).
+void IvfAdc::DeferSurvivors(int probe, float x_norm, const LutQuantization& bounds, int k,
+                            Scratch& scratch) const {
+  for (const auto& [sum, position] : scratch.filter.Survivors()) {
+    const double low_cost = bounds.base + static_cast<double>(bounds.step) * (sum - bounds.slack);
+    const double high_cost = low_cost + static_cast<double>(bounds.step) * bounds.margin;
+    const double lower = x_norm + low_cost - Rounding(low_cost, x_norm);
+    if (lower > scratch.kth_bound) continue;
+    scratch.pending.push_back({lower, probe, position});
+    OfferUpperBound(x_norm + high_cost + Rounding(high_cost, x_norm), k, scratch);
+  }
 }
 
 const float* IvfAdc::BuildResidualLut(const float* x, Scratch& scratch) const {
@@ -362,6 +423,8 @@ const float* IvfAdc::BuildResidualLut(const float* x, Scratch& scratch) const {
   return lut;
 }
 
+// Re-ranked at once: its residual table is built anyway, and the exact distances bound the
+// k-th distance as tightly as anything can.
 void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
                                    Scratch& scratch) const {
   const int m = codebook_.m;
@@ -369,44 +432,72 @@ void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, i
   scratch.residual_table.resize(static_cast<size_t>(m) * kLutSize);
   const LutQuantization bounds =
       adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.residual_table.data());
-  const int64_t cap = SumCap(scratch.heap, k, bounds, x_norm);
+  const int64_t cap = SumCap(scratch.kth_bound, bounds, x_norm);
   if (cap < 0) return;
   scratch.filter.Reset(k, bounds.margin, static_cast<uint16_t>(cap));
   const uint8_t* table = scratch.residual_table.data();
-  adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m,
+  const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
+  adc_internal::FilterPackedBlocks(kernels_, &table, 1, blocks,
                                    list_begin_[list + 1] - list_begin_[list], m,
                                    /*biases=*/nullptr, &scratch.filter);
-  OfferSurvivors(list, x, x_norm, k, lut, scratch);
+  for (const auto& survivor : scratch.filter.Survivors()) {
+    const float distance = x_norm + adc_internal::PackedCost(lut, blocks, m, survivor.second);
+    OfferExact(list, survivor.second, distance, k, scratch);
+    OfferUpperBound(distance, k, scratch);
+  }
 }
 
-// A survivor's exact cost from its residual table is m look-ups once the table is built (m x 256
-// x dsub fused multiply-adds, 16 at a time); without it, m x dsub scalar fused multiply-adds.
-// Past kResidualTableAbove survivors in a list the table is cheaper. Both give the same bits.
-void IvfAdc::OfferSurvivors(int64_t list, const float* x, float x_norm, int k,
-                            const float* residual_lut, Scratch& scratch) const {
-  constexpr size_t kResidualTableAbove = 16;
+void IvfAdc::OfferExact(int64_t list, int64_t position, float distance, int k,
+                        Scratch& scratch) const {
+  adc_internal::OfferBounded(Metric::kL2, k, {distance, ids_[list_begin_[list] + position]},
+                             scratch.heap);
+}
+
+// A survivor's exact cost from its list's residual table is m look-ups once the table is built
+// (m x 256 x dsub fused multiply-adds, 16 at a time); without it, m x dsub scalar fused
+// multiply-adds. A list with more than kResidualTableAbove survivors left to re-rank gets the
+// table, and all of them are costed through it when the first comes up. Both give the same
+// bits.
+void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const {
+  constexpr int kResidualTableAbove = 16;
   const int m = codebook_.m;
-  const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
-  const uint32_t* ids = ids_.data() + list_begin_[list];
-  const auto& survivors = scratch.filter.Survivors();
-  if (residual_lut == nullptr && survivors.size() > kResidualTableAbove) {
-    residual_lut = BuildResidualLut(x, scratch);
-  }
-  if (residual_lut != nullptr) {
-    adc_internal::ExactCostsOfSurvivors(residual_lut, blocks, m, survivors, scratch.costs);
-  } else {
-    scratch.costs.resize(survivors.size());
-    for (size_t s = 0; s < survivors.size(); ++s) {
-      const int64_t position = survivors[s].second;
+  const int d = dim();
+  std::vector<Pending>& pending = scratch.pending;
+  const double kth_bound = scratch.kth_bound;
+  pending.erase(std::remove_if(pending.begin(), pending.end(),
+                               [kth_bound](const Pending& c) { return c.lower > kth_bound; }),
+                pending.end());
+  std::sort(pending.begin(), pending.end(),
+            [](const Pending& a, const Pending& b) { return a.lower < b.lower; });
+  scratch.pending_per_probe.assign(scratch.x_norms.size(), 0);
+  for (const Pending& c : pending) ++scratch.pending_per_probe[c.probe];
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (pending[i].position < 0) continue;  // costed with its list's table
+    if (static_cast<int>(scratch.heap.size()) >= k &&
+        pending[i].lower > scratch.heap.front().first) {
+      break;  // its distance and every later one exceed the k-th found
+    }
+    const int probe = pending[i].probe;
+    const int64_t list = probes[probe];
+    const float* x = scratch.residuals.data() + static_cast<size_t>(probe) * d;
+    const float x_norm = scratch.x_norms[probe];
+    const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
+    if (scratch.pending_per_probe[probe] <= kResidualTableAbove) {
+      const int64_t position = pending[i].position;
       adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
                                  static_cast<int>(position % kAdcBlock), scratch.code);
-      scratch.costs[s] = tables_.residual_cost(x, scratch.code, codebook_.centroids.data(),
+      const float cost = tables_.residual_cost(x, scratch.code, codebook_.centroids.data(),
                                                norms_.data(), m, codebook_.dsub);
+      OfferExact(list, position, x_norm + cost, k, scratch);
+      continue;
     }
-  }
-  for (size_t s = 0; s < survivors.size(); ++s) {
-    adc_internal::OfferBounded(Metric::kL2, k,
-                               {x_norm + scratch.costs[s], ids[survivors[s].second]}, scratch.heap);
+    const float* lut = BuildResidualLut(x, scratch);
+    for (size_t j = i; j < pending.size(); ++j) {
+      if (pending[j].probe != probe || pending[j].position < 0) continue;
+      const float cost = adc_internal::PackedCost(lut, blocks, m, pending[j].position);
+      OfferExact(list, pending[j].position, x_norm + cost, k, scratch);
+      pending[j].position = -1;
+    }
   }
 }
 

@@ -10,8 +10,10 @@
 // query is built and quantized for all its lists, and each vector's b (fixed at load) is kept
 // as a 16-bit fraction of its list's range and added to the integer sums in table steps. The
 // bounds of both terms (with float rounding) decide which vectors can still be among the k
-// nearest, by the list's own k-th sum and by the k-th distance found in earlier lists; those are
-// re-ranked with the exact residual form (residual_luts' entries, canonical order, adc_kernels.h).
+// nearest: by the list's own k-th sum, and by the k-th smallest upper bound of the distances of
+// all survivors so far. Once every probed list is scanned, survivors are re-ranked with the exact
+// residual form (residual_luts' entries, canonical order, adc_kernels.h), nearest lower bound
+// first, until the next lower bound exceeds the k-th exact distance found.
 // A list whose sums could overflow 16 bits is scanned with its own residual table instead (the
 // previous form, Options::query_tables = false for all lists): the same answers, bit for bit.
 // faiss computes ||q − c_l||² + (||r||² + 2⟨c_l, r⟩) − 2⟨q, r⟩ from a precomputed nlist x m x 256
@@ -85,6 +87,7 @@ class IvfAdc {
   double BytesPerVector() const;
 
  private:
+  struct Pending;
   struct Scratch;
   IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options options);
 
@@ -92,21 +95,28 @@ class IvfAdc {
   void ComputeBiases(const std::vector<std::vector<uint8_t>>& codes);
   void SearchRow(const float* query, const int64_t* probes, int nprobe, int k, Scratch& scratch,
                  int64_t row, Neighbors& out) const;
-  // Scans `list` for the row whose query table (float `query_lut`, quantized to
-  // scratch.query_table as `query_bounds`) is given; x = q − c_list, x_norm = ||x||². Returns
-  // false, having done nothing, when the list's sums could overflow 16 bits.
-  bool ScanWithQueryTable(int64_t list, const float* x, float x_norm, double query_norm,
+  // Pre-scans `list` (probe `probe` of the row) with the row's query table (float
+  // scratch.query_lut, quantized to scratch.query_table as `query_bounds`); x_norm = ||q − c||².
+  // Its survivors join scratch.pending. Returns false, having done nothing, when the list's
+  // sums could overflow 16 bits.
+  bool ScanWithQueryTable(int probe, int64_t list, float x_norm, double query_norm,
                           const adc_internal::LutQuantization& query_bounds, int k,
                           Scratch& scratch) const;
+  // Adds the filter's survivors, scanned with `bounds`, to scratch.pending.
+  void DeferSurvivors(int probe, float x_norm, const adc_internal::LutQuantization& bounds, int k,
+                      Scratch& scratch) const;
   // The residual table of x (m x 256, residual_luts) in scratch.residual_lut.
   const float* BuildResidualLut(const float* x, Scratch& scratch) const;
-  // Scans `list` with the residual table of x = q − c_list.
+  // Scans `list` with the residual table of x = q − c_list and re-ranks its survivors.
   void ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
                              Scratch& scratch) const;
-  // Offers the survivors of scratch.filter (positions in `list`) to scratch.heap with their exact
-  // distances x_norm + residual cost; residual_lut: x's residual table if already built.
-  void OfferSurvivors(int64_t list, const float* x, float x_norm, int k, const float* residual_lut,
-                      Scratch& scratch) const;
+  // Exact distances of scratch.pending, nearest lower bound first, while they can still rank.
+  void RerankPending(const int64_t* probes, int k, Scratch& scratch) const;
+  // Offers the vector at `position` of `list` with its exact distance to scratch.heap.
+  void OfferExact(int64_t list, int64_t position, float distance, int k, Scratch& scratch) const;
+  // Records an upper bound of a vector's distance (each vector at most once per row) and
+  // lowers scratch.kth_bound to the k-th smallest recorded.
+  void OfferUpperBound(double upper, int k, Scratch& scratch) const;
 
   const PqCodebook codebook_;
   const std::vector<float> coarse_centroids_;

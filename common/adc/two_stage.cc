@@ -172,13 +172,4 @@ float PackedCost(const float* lut, const PackedLine* blocks, int m_count, int64_
   return cost;
 }
 
-void ExactCostsOfSurvivors(const float* lut, const PackedLine* blocks, int m_count,
-                           const std::vector<std::pair<uint16_t, int64_t>>& survivors,
-                           std::vector<float>& costs) {
-  costs.resize(survivors.size());
-  for (size_t s = 0; s < survivors.size(); ++s) {
-    costs[s] = PackedCost(lut, blocks, m_count, survivors[s].second);
-  }
-}
-
 }  // namespace knnserve::adc_internal

@@ -104,11 +104,6 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
 // per block): the scalar exact scan (ScanScalar) of its code, the same bits as every exact scan.
 float PackedCost(const float* lut, const PackedLine* blocks, int m_count, int64_t position);
 
-// Stage 2: PackedCost of every survivor, into costs (one per survivor, in order).
-void ExactCostsOfSurvivors(const float* lut, const PackedLine* blocks, int m_count,
-                           const std::vector<std::pair<uint16_t, int64_t>>& survivors,
-                           std::vector<float>& costs);
-
 }  // namespace knnserve::adc_internal
 
 #endif  // KNNSERVE_COMMON_ADC_TWO_STAGE_H_
