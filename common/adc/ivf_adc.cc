@@ -393,7 +393,12 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
   for (int64_t i = 0; i < n; ++i) {
     scratch.biases[i] = static_cast<uint16_t>(static_cast<float>(biases_[first + i]) * ratio_f);
   }
-  scratch.filter.Reset(k, bounds.margin, static_cast<uint16_t>(cap));
+  // Once k upper bounds are known, the cap they give is rarely beaten by the list's own k-th
+  // sum (a list holds a fraction of the probed vectors), and keeping that sum costs a heap
+  // operation per vector under the cap; DeferSurvivors still drops those the bound, lowered
+  // by the list's own survivors, excludes.
+  const bool capped = cap < LutQuantization::kKeepAll;
+  scratch.filter.Reset(capped ? 0 : k, bounds.margin, static_cast<uint16_t>(cap));
   const uint8_t* table = scratch.query_table.data();
   const uint16_t* biases = scratch.biases.data();
   adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m, n,

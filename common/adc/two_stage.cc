@@ -90,6 +90,7 @@ void CandidateFilter::Offer(const uint16_t* sums, uint64_t below, int64_t first_
     const uint16_t q = sums[lane];
     if (q > limit_) continue;  // the limit fell inside this block
     kept_.emplace_back(q, first_position + lane);
+    if (k_ == 0) continue;
     if (static_cast<int>(smallest_.size()) < k_) {
       smallest_.push_back(q);
       std::push_heap(smallest_.begin(), smallest_.end());

@@ -57,12 +57,13 @@ LutQuantization QuantizeLut(const float* lut, int m_count, Metric metric, uint8_
 class CandidateFilter {
  public:
   // cap: no position with a larger sum can be wanted (e.g. from distances found elsewhere).
+  // k = 0: the cap alone, no k-th smallest sum kept (for a cap known to be tight already).
   void Reset(int k, int margin, uint16_t cap = kNoLimit);
 
   uint16_t limit() const { return limit_; }
   // The k-th smallest sum offered so far; kNoLimit before k sums were offered.
   uint16_t kth_sum() const {
-    return static_cast<int>(smallest_.size()) < k_ ? kNoLimit : smallest_.front();
+    return k_ == 0 || static_cast<int>(smallest_.size()) < k_ ? kNoLimit : smallest_.front();
   }
 
   // sums: the kAdcBlock sums of the block at `first_position`; below: the lanes to consider.
