@@ -52,8 +52,9 @@ absl::Status CheckLists(const IvfPqLists& lists) {
 // the lower bound of its distance.
 struct IvfAdc::Pending {
   double lower;
+  int64_t position;  // −1 once costed through its list's table
   int probe;
-  int64_t position;  // −1 once costed
+  uint32_t id;  // local id, read while the list is scanned: in list order, not ranked order
 };
 
 struct IvfAdc::Scratch {
@@ -71,7 +72,7 @@ struct IvfAdc::Scratch {
   // Max-heap of the k smallest upper bounds of distances offered; kth_bound its top (infinite
   // until k are known), an upper bound of the row's k-th distance.
   std::vector<double> upper_bounds;
-  double kth_bound = 0.0;
+  double kth_bound = std::numeric_limits<double>::infinity();
   std::vector<Candidate> heap;  // the k nearest by exact distance
 };
 
@@ -300,6 +301,11 @@ void IvfAdc::OfferUpperBound(double upper, int k, Scratch& scratch) const {
   scratch.kth_bound = heap.front();
 }
 
+double IvfAdc::KthBound(int k, const Scratch& scratch) const {
+  if (static_cast<int>(scratch.heap.size()) < k) return scratch.kth_bound;
+  return std::min<double>(scratch.kth_bound, scratch.heap.front().first);
+}
+
 // All probed lists are scanned first, their survivors kept with the bounds of their distances;
 // the k smallest upper bounds so far cap the integer sums worth keeping in the next lists. Only
 // then are survivors re-ranked, nearest lower bound first, until the k-th exact distance found
@@ -343,6 +349,10 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
     scratch.x_norms[p] = x_norm;
     if (!query_bounds.keeps_all() &&
         ScanWithQueryTable(p, list, x_norm, query_norm, query_bounds, k, scratch)) {
+      // Until k exact distances are known, a list's survivors are re-ranked at once: on
+      // clustered keys the nearest lists hold most of the k nearest, and their exact k-th
+      // distance caps the next lists far tighter than upper bounds do.
+      if (static_cast<int>(scratch.heap.size()) < k) RerankPending(probes, k, scratch);
       continue;
     }
     ScanWithResidualTable(list, x, x_norm, k, scratch);
@@ -383,7 +393,7 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
   bounds.step = query_bounds.step;
   bounds.slack = static_cast<int>(slack);
   bounds.margin = static_cast<int>(upper + slack);
-  const int64_t cap = SumCap(scratch.kth_bound, bounds, x_norm);
+  const int64_t cap = SumCap(KthBound(k, scratch), bounds, x_norm);
   if (cap < 0) return true;  // nothing in this list can rank before the k bounded
 
   const int64_t first = list_begin_[list];
@@ -403,19 +413,20 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
   const uint16_t* biases = scratch.biases.data();
   adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m, n,
                                    m, &biases, &scratch.filter);
-  DeferSurvivors(probe, x_norm, bounds, k, scratch);
+  DeferSurvivors(probe, list, x_norm, bounds, k, scratch);
   return true;
 }
 
 // A survivor of sum Q costs within [base + step (Q − slack), base + step (Q − slack + margin)).
-void IvfAdc::DeferSurvivors(int probe, float x_norm, const LutQuantization& bounds, int k,
-                            Scratch& scratch) const {
+void IvfAdc::DeferSurvivors(int probe, int64_t list, float x_norm, const LutQuantization& bounds,
+                            int k, Scratch& scratch) const {
+  const uint32_t* ids = ids_.data() + list_begin_[list];
   for (const auto& [sum, position] : scratch.filter.Survivors()) {
     const double low_cost = bounds.base + static_cast<double>(bounds.step) * (sum - bounds.slack);
     const double high_cost = low_cost + static_cast<double>(bounds.step) * bounds.margin;
     const double lower = x_norm + low_cost - Rounding(low_cost, x_norm);
-    if (lower > scratch.kth_bound) continue;
-    scratch.pending.push_back({lower, probe, position});
+    if (lower > KthBound(k, scratch)) continue;
+    scratch.pending.push_back({lower, position, probe, ids[position]});
     OfferUpperBound(x_norm + high_cost + Rounding(high_cost, x_norm), k, scratch);
   }
 }
@@ -437,7 +448,7 @@ void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, i
   scratch.residual_table.resize(static_cast<size_t>(m) * kLutSize);
   const LutQuantization bounds =
       adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.residual_table.data());
-  const int64_t cap = SumCap(scratch.kth_bound, bounds, x_norm);
+  const int64_t cap = SumCap(KthBound(k, scratch), bounds, x_norm);
   if (cap < 0) return;
   scratch.filter.Reset(k, bounds.margin, static_cast<uint16_t>(cap));
   const uint8_t* table = scratch.residual_table.data();
@@ -447,15 +458,13 @@ void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, i
                                    /*biases=*/nullptr, &scratch.filter);
   for (const auto& survivor : scratch.filter.Survivors()) {
     const float distance = x_norm + adc_internal::PackedCost(lut, blocks, m, survivor.second);
-    OfferExact(list, survivor.second, distance, k, scratch);
+    OfferExact(ids_[list_begin_[list] + survivor.second], distance, k, scratch);
     OfferUpperBound(distance, k, scratch);
   }
 }
 
-void IvfAdc::OfferExact(int64_t list, int64_t position, float distance, int k,
-                        Scratch& scratch) const {
-  adc_internal::OfferBounded(Metric::kL2, k, {distance, ids_[list_begin_[list] + position]},
-                             scratch.heap);
+void IvfAdc::OfferExact(uint32_t id, float distance, int k, Scratch& scratch) const {
+  adc_internal::OfferBounded(Metric::kL2, k, {distance, id}, scratch.heap);
 }
 
 // A survivor's exact cost from its list's residual table is m look-ups once the table is built
@@ -468,7 +477,7 @@ void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const
   const int m = codebook_.m;
   const int d = dim();
   std::vector<Pending>& pending = scratch.pending;
-  const double kth_bound = scratch.kth_bound;
+  const double kth_bound = KthBound(k, scratch);
   pending.erase(std::remove_if(pending.begin(), pending.end(),
                                [kth_bound](const Pending& c) { return c.lower > kth_bound; }),
                 pending.end());
@@ -493,17 +502,18 @@ void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const
                                  static_cast<int>(position % kAdcBlock), scratch.code);
       const float cost = tables_.residual_cost(x, scratch.code, codebook_.centroids.data(),
                                                norms_.data(), m, codebook_.dsub);
-      OfferExact(list, position, x_norm + cost, k, scratch);
+      OfferExact(pending[i].id, x_norm + cost, k, scratch);
       continue;
     }
     const float* lut = BuildResidualLut(x, scratch);
     for (size_t j = i; j < pending.size(); ++j) {
       if (pending[j].probe != probe || pending[j].position < 0) continue;
       const float cost = adc_internal::PackedCost(lut, blocks, m, pending[j].position);
-      OfferExact(list, pending[j].position, x_norm + cost, k, scratch);
+      OfferExact(pending[j].id, x_norm + cost, k, scratch);
       pending[j].position = -1;
     }
   }
+  pending.clear();  // those left rank after the k found, which only get nearer
 }
 
 }  // namespace knnserve

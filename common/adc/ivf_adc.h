@@ -102,9 +102,9 @@ class IvfAdc {
   bool ScanWithQueryTable(int probe, int64_t list, float x_norm, double query_norm,
                           const adc_internal::LutQuantization& query_bounds, int k,
                           Scratch& scratch) const;
-  // Adds the filter's survivors, scanned with `bounds`, to scratch.pending.
-  void DeferSurvivors(int probe, float x_norm, const adc_internal::LutQuantization& bounds, int k,
-                      Scratch& scratch) const;
+  // Adds the filter's survivors of `list`, scanned with `bounds`, to scratch.pending.
+  void DeferSurvivors(int probe, int64_t list, float x_norm,
+                      const adc_internal::LutQuantization& bounds, int k, Scratch& scratch) const;
   // The residual table of x (m x 256, residual_luts) in scratch.residual_lut.
   const float* BuildResidualLut(const float* x, Scratch& scratch) const;
   // Scans `list` with the residual table of x = q − c_list and re-ranks its survivors.
@@ -112,11 +112,14 @@ class IvfAdc {
                              Scratch& scratch) const;
   // Exact distances of scratch.pending, nearest lower bound first, while they can still rank.
   void RerankPending(const int64_t* probes, int k, Scratch& scratch) const;
-  // Offers the vector at `position` of `list` with its exact distance to scratch.heap.
-  void OfferExact(int64_t list, int64_t position, float distance, int k, Scratch& scratch) const;
+  // Offers local id `id` at its exact distance to scratch.heap.
+  void OfferExact(uint32_t id, float distance, int k, Scratch& scratch) const;
   // Records an upper bound of a vector's distance (each vector at most once per row) and
   // lowers scratch.kth_bound to the k-th smallest recorded.
   void OfferUpperBound(double upper, int k, Scratch& scratch) const;
+  // An upper bound of the row's k-th distance: the smaller of scratch.kth_bound and the k-th
+  // exact distance found (infinite while neither is known).
+  double KthBound(int k, const Scratch& scratch) const;
 
   const PqCodebook codebook_;
   const std::vector<float> coarse_centroids_;
