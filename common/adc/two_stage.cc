@@ -141,6 +141,27 @@ void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code)
   for (int m = 0; m < m_count; ++m) code[m] = block[m].bytes[lane];
 }
 
+namespace {
+
+// Scans that ask for the next block's lines while scanning this one: several queries (a
+// beam), or more codes than stay cached between calls. Measured on this VM (M 32, caches
+// flushed before each call, as the model flushes them between decoding steps): a beam's 5
+// queries over a 14k-code subset took 155 us without and 77 us with (60 us with the codes
+// already cached, 67 us with a useless prefetch); in decoding, the subset searches' time fell
+// by 7-15%. One query: over a small IVF list nothing gained flushed and 20% lost cached; over
+// packed subsets (index_bench b, M 64) 1.8 MiB lost 3-20%, 18 MiB and 244 MiB gained 0-18%.
+constexpr int64_t kPrefetchAboveBytes = int64_t{8} << 20;
+
+bool PrefetchesBlocks(int num_queries, int64_t n, int m_count) {
+  return num_queries > 1 || n * m_count > kPrefetchAboveBytes;
+}
+
+void PrefetchBlock(const PackedLine* block, int m_count) {
+  for (int m = 0; m < m_count; ++m) __builtin_prefetch(block[m].bytes, /*rw=*/0, /*locality=*/3);
+}
+
+}  // namespace
+
 void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const* tables,
                         int num_queries, const PackedLine* blocks, int64_t n, int m_count,
                         const uint16_t* const* biases, CandidateFilter* filters) {
@@ -149,8 +170,12 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
   uint16_t sums[kMaxQueries * kAdcBlock];
   uint64_t below[kMaxQueries];
   const uint16_t* block_biases[kMaxQueries];
+  const bool prefetch = PrefetchesBlocks(num_queries, n, m_count);
   for (int64_t b = 0; b < n; b += kAdcBlock) {
     const int lanes = static_cast<int>(std::min<int64_t>(kAdcBlock, n - b));
+    if (prefetch && b + kAdcBlock < n) {
+      PrefetchBlock(blocks + (b / kAdcBlock + 1) * m_count, m_count);
+    }
     for (int q = 0; q < num_queries; ++q) {
       limits[q] = filters[q].limit();
       if (biases != nullptr) block_biases[q] = biases[q] + b;
