@@ -306,13 +306,14 @@ double IvfAdc::KthBound(int k, const Scratch& scratch) const {
   return std::min<double>(scratch.kth_bound, scratch.heap.front().first);
 }
 
-// All probed lists are scanned first, their survivors kept with the bounds of their distances;
-// the k smallest upper bounds so far cap the integer sums worth keeping in the next lists. Only
-// then are survivors re-ranked, nearest lower bound first, until the k-th exact distance found
-// is below the next lower bound. Re-ranking each list's survivors as it was scanned (the
-// previous form) costed every vector that ranked among the first k of the lists seen so far:
-// about k (1 + ln nprobe) per row instead of k plus those whose bounds straddle the k-th
-// distance.
+// Survivors are kept with the bounds of their distances; the k smallest upper bounds so far (and
+// the k-th exact distance, once known) cap the integer sums worth keeping in the next lists.
+// Until k exact distances are known a list's survivors are re-ranked at once; after that they
+// wait until every probed list is scanned, and are re-ranked nearest lower bound first until the
+// k-th exact distance found is below the next lower bound. Re-ranking every list's survivors as
+// it was scanned (the previous form) costed every vector that ranked among the first k of the
+// lists seen so far: about k (1 + ln nprobe) per row instead of k plus those whose bounds
+// straddle the k-th distance.
 void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, int k,
                        Scratch& scratch, int64_t row, Neighbors& out) const {
   const int m = codebook_.m;
@@ -403,10 +404,10 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
   for (int64_t i = 0; i < n; ++i) {
     scratch.biases[i] = static_cast<uint16_t>(static_cast<float>(biases_[first + i]) * ratio_f);
   }
-  // Once k upper bounds are known, the cap they give is rarely beaten by the list's own k-th
-  // sum (a list holds a fraction of the probed vectors), and keeping that sum costs a heap
-  // operation per vector under the cap; DeferSurvivors still drops those the bound, lowered
-  // by the list's own survivors, excludes.
+  // Once k distances are bounded, the cap is rarely beaten by the list's own k-th sum (a list
+  // holds a fraction of the probed vectors), and keeping that sum costs a heap operation per
+  // vector under the cap; DeferSurvivors still drops those the bound, lowered by the list's
+  // own survivors, excludes.
   const bool capped = cap < LutQuantization::kKeepAll;
   scratch.filter.Reset(capped ? 0 : k, bounds.margin, static_cast<uint16_t>(cap));
   const uint8_t* table = scratch.query_table.data();

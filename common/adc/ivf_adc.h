@@ -10,10 +10,12 @@
 // query is built and quantized for all its lists, and each vector's b (fixed at load) is kept
 // as a 16-bit fraction of its list's range and added to the integer sums in table steps. The
 // bounds of both terms (with float rounding) decide which vectors can still be among the k
-// nearest: by the list's own k-th sum, and by the k-th smallest upper bound of the distances of
-// all survivors so far. Once every probed list is scanned, survivors are re-ranked with the exact
-// residual form (residual_luts' entries, canonical order, adc_kernels.h), nearest lower bound
-// first, until the next lower bound exceeds the k-th exact distance found.
+// nearest: by the list's own k-th sum (until a cap exists), by the k-th exact distance found and
+// by the k-th smallest upper bound of the distances of all survivors so far. Survivors are
+// re-ranked with the exact residual form (residual_luts' entries, canonical order,
+// adc_kernels.h): a list's at once until k exact distances are known, the later ones once every
+// probed list is scanned, nearest lower bound first, until the next lower bound exceeds the
+// k-th exact distance found.
 // A list whose sums could overflow 16 bits is scanned with its own residual table instead (the
 // previous form, Options::query_tables = false for all lists): the same answers, bit for bit.
 // faiss computes ||q − c_l||² + (||r||² + 2⟨c_l, r⟩) − 2⟨q, r⟩ from a precomputed nlist x m x 256
