@@ -27,7 +27,6 @@ double LogAddExp(double a, double b) {
   return m + std::log1p(std::exp(-std::abs(a - b)));
 }
 
-// [rows, d] float32, contiguous, on the CPU: the bytes a query matrix views.
 // One Search per at most `max_rows` query rows (batch x beam may exceed what a server accepts),
 // in order; the answers concatenated.
 absl::StatusOr<Neighbors> SearchInPieces(RetrievalSession& session, MatrixView<const float> queries,
@@ -52,8 +51,14 @@ absl::StatusOr<Neighbors> SearchInPieces(RetrievalSession& session, MatrixView<c
   return all;
 }
 
+// [rows, d] float32, contiguous, on the CPU: the bytes a query matrix views.
 torch::Tensor QueryTensor(const torch::Tensor& features) {
   return features.to(torch::kCPU, torch::kFloat).contiguous();
+}
+
+// REQUIRES: `query` is a QueryTensor, which must outlive the view.
+MatrixView<const float> QueryView(const torch::Tensor& query) {
+  return {query.data_ptr<float>(), query.size(0), query.size(1)};
 }
 
 }  // namespace
@@ -147,8 +152,7 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
 }
 
 struct KnnLogitsProcessor::PendingStep {
-  torch::Tensor features;  // [rows, d] float32, contiguous, on the CPU: what `queries` views
-  MatrixView<const float> queries;
+  torch::Tensor features;  // a QueryTensor
   std::vector<int32_t> row_group;
   // Written by the worker; read after WorkerThread::Wait.
   absl::StatusOr<Neighbors> neighbors;
@@ -211,8 +215,6 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor::PendingStep>> KnnLogitsProces
   }
   auto step = std::make_unique<PendingStep>();
   step->features = QueryTensor(context.features);
-  step->queries = {step->features.data_ptr<float>(), step->features.size(0),
-                   step->features.size(1)};
   if (subset_) {
     const torch::Tensor sentence = context.sentence.to(torch::kCPU, torch::kLong).contiguous();
     const int64_t* s = sentence.data_ptr<int64_t>();
@@ -225,7 +227,7 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor::PendingStep>> KnnLogitsProces
 // it only reads).
 void KnnLogitsProcessor::RunSearch(PendingStep& step) const {
   const absl::Time start = absl::Now();
-  step.neighbors = SearchInPieces(*session_, step.queries, step.row_group, StepParams(),
+  step.neighbors = SearchInPieces(*session_, QueryView(step.features), step.row_group, StepParams(),
                                   retriever_->info().max_rows);
   step.search_time = absl::Now() - start;
 }
@@ -256,15 +258,14 @@ absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
       InterpolateKnn(*step->neighbors, retriever_->info().metric, options_, context.log_probs));
   stats_.interpolate_time += absl::Now() - searched;
   ++stats_.steps;
-  stats_.query_rows += step->queries.rows;
+  stats_.query_rows += step->features.size(0);
   return absl::OkStatus();
 }
 
 absl::StatusOr<Neighbors> KnnLogitsProcessor::SearchOnce(const torch::Tensor& features) {
   const torch::Tensor f = QueryTensor(features);
   ASSIGN_OR_RETURN(std::unique_ptr<RetrievalSession> session, retriever_->StartSession({}));
-  return SearchInPieces(*session, {f.data_ptr<float>(), f.size(0), f.size(1)}, {}, StepParams(),
-                        retriever_->info().max_rows);
+  return SearchInPieces(*session, QueryView(f), {}, StepParams(), retriever_->info().max_rows);
 }
 
 }  // namespace knnserve::knn

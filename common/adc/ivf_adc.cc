@@ -424,9 +424,9 @@ void IvfAdc::DeferSurvivors(int probe, int64_t list, float x_norm, const LutQuan
   const uint32_t* ids = ids_.data() + list_begin_[list];
   for (const auto& [sum, position] : scratch.filter.Survivors()) {
     const double low_cost = bounds.base + static_cast<double>(bounds.step) * (sum - bounds.slack);
-    const double high_cost = low_cost + static_cast<double>(bounds.step) * bounds.margin;
     const double lower = x_norm + low_cost - Rounding(low_cost, x_norm);
     if (lower > KthBound(k, scratch)) continue;
+    const double high_cost = low_cost + static_cast<double>(bounds.step) * bounds.margin;
     scratch.pending.push_back({lower, position, probe, ids[position]});
     OfferUpperBound(x_norm + high_cost + Rounding(high_cost, x_norm), k, scratch);
   }
