@@ -30,6 +30,7 @@
 #include "common/datastore/key_source.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
+#include "common/process_init.h"
 #include "common/wire.h"
 #include "shard/log.h"
 #include "tests/server/test_cluster.h"
@@ -446,6 +447,7 @@ void BenchD(const Flags& flags) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
+  knnserve::InitProcess();
   knnserve::Flags flags;
   std::string parts = "abc";
   CLI::App app{"knnserve service benchmarks"};

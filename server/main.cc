@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "CLI/CLI.hpp"
+#include "common/process_init.h"
 #include "server/router.h"
 #include "shard/log.h"
 #include "shard/metrics_http.h"
@@ -99,6 +100,7 @@ int Run(const RouterFlags& flags) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
+  knnserve::InitProcess();
   knnserve::BlockTerminationSignals();
   knnserve::RouterFlags flags;
   CLI::App app{"knnserve-router: fan kNN searches out to knnserve shards and merge them"};

@@ -60,8 +60,42 @@ Batcher::~Batcher() {
 }
 
 void Batcher::Submit(SearchCall call, EngineDone done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!RunsInline(call.query)) {
+      queue_.push_back({std::move(call), std::move(done), absl::Now()});
+      return;
+    }
+    ++busy_;
+    inline_running_ = true;
+  }
+  std::vector<Pending> alone;
+  alone.push_back({std::move(call), std::move(done), absl::Now()});
+  Run(std::move(alone));
   absl::MutexLock lock(&mu_);
-  queue_.push_back({std::move(call), std::move(done), absl::Now()});
+  --busy_;
+  inline_running_ = false;
+}
+
+bool Batcher::RunsInline(const SearchQuery& query) const {
+  // One inline call at a time, so that the other gRPC threads keep receiving; and only on an
+  // idle shard, so that queued work keeps its order and dynamic batching is untouched.
+  if (stop_ || inline_running_ || !queue_.empty() || seconds_per_row_ < 0 ||
+      busy_ * options_.engine_threads >= options_.cores) {
+    return false;
+  }
+  return query.queries.rows() * seconds_per_row_ <= absl::ToDoubleSeconds(options_.inline_budget);
+}
+
+absl::StatusOr<EngineResult> Batcher::Search(const SearchQuery& query) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<EngineResult> result = engine_->Search(query);
+  const absl::Duration took = absl::Now() - start;
+  engine_seconds_->ObserveDuration(took);
+  const double per_row = absl::ToDoubleSeconds(took) / std::max<int64_t>(1, query.queries.rows());
+  absl::MutexLock lock(&mu_);
+  seconds_per_row_ = seconds_per_row_ < 0 ? per_row : 0.75 * seconds_per_row_ + 0.25 * per_row;
+  return result;
 }
 
 int64_t Batcher::CompatibleRows() const {
@@ -129,7 +163,7 @@ void Batcher::Work() {
   }
 }
 
-void Batcher::Run(std::vector<Pending> batch) const {
+void Batcher::Run(std::vector<Pending> batch) {
   const absl::Time now = absl::Now();
   std::vector<Pending> live;
   for (Pending& pending : batch) {
@@ -149,16 +183,13 @@ void Batcher::Run(std::vector<Pending> batch) const {
   batch_requests_->Observe(live.size());
   batch_rows_->Observe(rows);
   if (live.size() == 1) {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<EngineResult> result = engine_->Search(live.front().call.query);
-    engine_seconds_->ObserveDuration(absl::Now() - start);
-    live.front().done(std::move(result));
+    live.front().done(Search(live.front().call.query));
     return;
   }
   RunCoalesced(std::move(live));
 }
 
-void Batcher::RunCoalesced(std::vector<Pending> batch) const {
+void Batcher::RunCoalesced(std::vector<Pending> batch) {
   const int64_t dim = batch.front().call.query.queries.cols();
   int64_t rows = 0;
   for (const Pending& pending : batch) rows += pending.call.query.queries.rows();
@@ -171,9 +202,7 @@ void Batcher::RunCoalesced(std::vector<Pending> batch) const {
     std::memcpy(merged.queries.row(row), queries.data(), queries.size() * sizeof(float));
     row += queries.rows();
   }
-  const absl::Time start = absl::Now();
-  absl::StatusOr<EngineResult> result = engine_->Search(merged);
-  engine_seconds_->ObserveDuration(absl::Now() - start);
+  absl::StatusOr<EngineResult> result = Search(merged);
   row = 0;
   for (Pending& pending : batch) {
     const int64_t part_rows = pending.call.query.queries.rows();

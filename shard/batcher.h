@@ -3,7 +3,8 @@
 // running, the first request of the next batch waits at most `max_wait` for company (less when
 // the batch fills up); a request on an idle shard runs at once, and work queued while the
 // workers were busy is batched without waiting. Subset searches run alone (their rows already
-// share one pass over the codes per group).
+// share one pass over the codes per group). A small request on an idle shard runs on the
+// submitting thread (see BatcherOptions::inline_budget).
 #ifndef KNNSERVE_SHARD_BATCHER_H_
 #define KNNSERVE_SHARD_BATCHER_H_
 
@@ -31,6 +32,12 @@ struct BatcherOptions {
   // threads each) occupy all `cores`; otherwise a request starts at once on a free worker.
   int engine_threads = 1;
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // A request that finds nothing queued, a core free and no other request running inline, and
+  // whose expected engine time (its rows times the recent engine time per row) is at most this,
+  // runs on the submitting thread: handing a decoding step to a worker and back costs two
+  // thread switches, a large share of a small step. Kept short because the submitting thread
+  // is a gRPC callback thread. Zero: never.
+  absl::Duration inline_budget = absl::Milliseconds(2);
 };
 
 using EngineDone = std::function<void(absl::StatusOr<EngineResult>)>;
@@ -42,7 +49,8 @@ class Batcher {
   Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegistry* metrics);
   ~Batcher();
 
-  // `done` runs on a worker thread. Calls that are cancelled or past their deadline when their
+  // `done` runs on a worker thread, or on the calling thread before Submit returns (see
+  // BatcherOptions::inline_budget). Calls that are cancelled or past their deadline when their
   // turn comes are answered CANCELLED / DEADLINE_EXCEEDED without searching.
   void Submit(SearchCall call, EngineDone done);
 
@@ -60,8 +68,11 @@ class Batcher {
   int64_t CompatibleRows() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BatchReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Run(std::vector<Pending> batch) const;
-  void RunCoalesced(std::vector<Pending> batch) const;
+  bool RunsInline(const SearchQuery& query) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(std::vector<Pending> batch);
+  void RunCoalesced(std::vector<Pending> batch);
+  // The engine call on `query`, timed.
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query);
 
   const SearchEngine* const engine_;
   const BatcherOptions options_;
@@ -75,7 +86,10 @@ class Batcher {
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool collecting_ ABSL_GUARDED_BY(mu_) = false;  // one worker at a time forms a batch
   absl::Time collect_deadline_ ABSL_GUARDED_BY(mu_);
-  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // workers running a batch
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // engine calls running, inline ones included
+  bool inline_running_ ABSL_GUARDED_BY(mu_) = false;
+  // Moving average of the engine's seconds per query row; negative until a call finished.
+  double seconds_per_row_ ABSL_GUARDED_BY(mu_) = -1.0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

@@ -15,6 +15,7 @@
 #include "common/index/index_engine.h"
 #include "common/index/manifest.h"
 #include "common/index/subset_device.h"
+#include "common/process_init.h"
 #include "shard/log.h"
 #include "shard/metrics_http.h"
 #include "shard/process.h"
@@ -31,6 +32,7 @@ struct ShardFlags {
   int threads = 1;
   BatcherOptions batcher;
   int64_t batch_wait_us = 1000;
+  int64_t inline_budget_us = 2000;
   std::string subset_device = "cpu";
 };
 
@@ -54,6 +56,7 @@ int Run(const ShardFlags& flags) {
   MetricsRegistry metrics;
   BatcherOptions batcher = flags.batcher;
   batcher.max_wait = absl::Microseconds(flags.batch_wait_us);
+  batcher.inline_budget = absl::Microseconds(flags.inline_budget_us);
   batcher.engine_threads = flags.threads;
   ShardBackend backend(flags.shard_id, batcher, &metrics);
   RetrievalService service(&backend, flags.server.limits, &metrics,
@@ -110,6 +113,7 @@ int Run(const ShardFlags& flags) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
+  knnserve::InitProcess();
   knnserve::BlockTerminationSignals();
   knnserve::ShardFlags flags;
   CLI::App app{"knnserve-shard: serve one shard of a knnserve index over gRPC"};
@@ -121,6 +125,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch-wait-us", flags.batch_wait_us,
                  "longest a request waits to be batched with others (0: only what queued)")
+      ->capture_default_str();
+  app.add_option("--inline-budget-us", flags.inline_budget_us,
+                 "a request expected to search within this long runs on the gRPC thread that "
+                 "received it when the shard is idle (0: always hand it to a worker)")
       ->capture_default_str();
   app.add_option("--max-batch-rows", flags.batcher.max_batch_rows,
                  "most query rows coalesced into one engine call")

@@ -5,12 +5,14 @@
 
 #include "CLI/CLI.hpp"
 #include "client/cli/commands.h"
+#include "common/process_init.h"
 
 #ifndef KNNSERVE_VERSION
 #define KNNSERVE_VERSION "unknown"
 #endif
 
 int main(int argc, char** argv) {
+  knnserve::InitProcess();
   CLI::App app{"knnserve " KNNSERVE_VERSION
                ": kNN machine translation with a sharded retrieval service"};
   app.set_version_flag("--version", KNNSERVE_VERSION);

@@ -1,6 +1,7 @@
 #include "shard/batcher.h"
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +164,87 @@ TEST_F(BatcherTest, DropsCancelledAndExpiredRequestsWithoutSearching) {
   EXPECT_THAT(cancelled_outcome->result, StatusIs(absl::StatusCode::kCancelled, ::testing::_));
   EXPECT_THAT(expired_outcome->result, StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
   EXPECT_EQ(engine_.calls(), 1);
+}
+
+// Where each answer was delivered, and whether before Submit returned.
+struct Delivery {
+  std::thread::id thread;
+  bool before_return = false;
+  absl::StatusOr<EngineResult> result;
+};
+
+Delivery SubmitAndWait(Batcher& batcher, SearchCall call) {
+  auto delivery = std::make_shared<Delivery>();
+  auto done = std::make_shared<absl::Notification>();
+  batcher.Submit(std::move(call), [delivery, done](absl::StatusOr<EngineResult> result) {
+    delivery->thread = std::this_thread::get_id();
+    delivery->result = std::move(result);
+    done->Notify();
+  });
+  delivery->before_return = done->HasBeenNotified();
+  EXPECT_TRUE(done->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  return *delivery;
+}
+
+SearchCall OneRowCall(uint32_t seed) {
+  SearchCall call;
+  call.query.queries = RandomQueries(1, kDim, seed);
+  call.query.params.k = 3;
+  return call;
+}
+
+// The first request runs on a worker (the engine's cost is unknown); once known to fit the
+// budget, a request on the idle shard runs on the calling thread, with the same answer.
+TEST(BatcherInline, RunsASmallRequestOnTheCallingThreadOnceItsCostIsKnown) {
+  MetricsRegistry metrics;
+  FlatEngine engine(MakeDatastore(60, kDim, 5, 1), 0, 60);
+  BatcherOptions options;
+  options.inline_budget = absl::Seconds(10);
+  Batcher batcher(&engine, options, &metrics);
+  const Delivery first = SubmitAndWait(batcher, OneRowCall(1));
+  EXPECT_NE(first.thread, std::this_thread::get_id());
+  EXPECT_FALSE(first.before_return);
+  const Delivery second = SubmitAndWait(batcher, OneRowCall(2));
+  EXPECT_EQ(second.thread, std::this_thread::get_id());
+  EXPECT_TRUE(second.before_return);
+  ASSERT_OK_AND_ASSIGN(EngineResult alone, engine.Search(OneRowCall(2).query));
+  ASSERT_THAT(second.result, ::knnserve::testing::IsOk());
+  EXPECT_EQ(second.result->neighbors.ids, alone.neighbors.ids);
+  EXPECT_EQ(second.result->neighbors.distances, alone.neighbors.distances);
+}
+
+// Over budget (or with inlining off) requests go to a worker; so do requests arriving while
+// the running calls take every core, which queue behind them.
+TEST(BatcherInline, HandsOffOverBudgetAndWhenNoCoreIsFree) {
+  for (const absl::Duration budget : {absl::ZeroDuration(), absl::Nanoseconds(1)}) {
+    MetricsRegistry metrics;
+    FlatEngine engine(MakeDatastore(60, kDim, 5, 1), 0, 60);
+    BatcherOptions options;
+    options.inline_budget = budget;
+    Batcher batcher(&engine, options, &metrics);
+    SubmitAndWait(batcher, OneRowCall(1));
+    const Delivery second = SubmitAndWait(batcher, OneRowCall(2));
+    EXPECT_NE(second.thread, std::this_thread::get_id()) << budget;
+  }
+  MetricsRegistry metrics;
+  ControlledEngine engine(std::make_unique<FlatEngine>(MakeDatastore(60, kDim, 5, 1), 0, 60));
+  BatcherOptions options;
+  options.inline_budget = absl::Seconds(10);
+  options.num_threads = 1;
+  options.cores = 1;
+  Batcher batcher(&engine, options, &metrics);
+  SubmitAndWait(batcher, OneRowCall(1));  // the cost is known now
+  engine.CloseGate();
+  // Runs inline on its own thread and holds the only core at the gate.
+  std::thread holder([&batcher] { SubmitAndWait(batcher, OneRowCall(2)); });
+  ASSERT_TRUE(engine.WaitForCallsAtGate(1, absl::Seconds(10)));
+  auto queued = std::make_shared<absl::Notification>();
+  batcher.Submit(OneRowCall(3), [queued](absl::StatusOr<EngineResult>) { queued->Notify(); });
+  EXPECT_FALSE(queued->HasBeenNotified());
+  engine.OpenGate();
+  holder.join();
+  EXPECT_TRUE(queued->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(engine.calls(), 3);
 }
 
 }  // namespace
