@@ -58,13 +58,13 @@ struct IvfAdc::Pending {
 };
 
 struct IvfAdc::Scratch {
-  std::vector<float> residuals;      // nprobe x dim: x = q − c_l per probe
-  std::vector<float> x_norms;        // nprobe: ||x||²
-  std::vector<float> query_lut;      // m x 256: T of the query
-  std::vector<uint8_t> query_table;  // and quantized
-  std::vector<uint16_t> biases;      // per position of the list: its b in table steps
-  std::vector<float> residual_lut;   // m x 256: the residual table of x (fallback)
-  std::vector<uint8_t> residual_table;
+  std::vector<float> residuals;                      // nprobe x dim: x = q − c_l per probe
+  std::vector<float> x_norms;                        // nprobe: ||x||²
+  adc_internal::AlignedVector<float> query_lut;      // m x 256: T of the query
+  adc_internal::AlignedVector<uint8_t> query_table;  // and quantized
+  adc_internal::AlignedVector<uint16_t> biases;  // per position of the list: its b in table steps
+  adc_internal::AlignedVector<float> residual_lut;  // m x 256: the residual table of x (fallback)
+  adc_internal::AlignedVector<uint8_t> residual_table;
   CandidateFilter filter;
   uint8_t code[kMaxAdcM];
   std::vector<Pending> pending;

@@ -41,6 +41,14 @@ struct PackedAllocator {
 
 using PackedLines = std::vector<PackedLine, PackedAllocator<PackedLine>>;
 
+// Scratch that SIMD kernels read or write 64 bytes at a time (lookup tables, biases): aligned,
+// so that no access straddles two cache lines. The scan loads a table's four 64-byte quarters
+// per sub-quantizer and block; at an address 16 bytes past a line every load took two, and the
+// IVF-PQ scan ran 1.4x slower (59 vs 42 ms for 64 rows of a 1M x 512 index) on whichever
+// thread's allocator happened to place its table so.
+template <typename T>
+using AlignedVector = std::vector<T, PackedAllocator<T>>;
+
 }  // namespace knnserve::adc_internal
 
 #endif  // KNNSERVE_COMMON_ADC_PACKED_LINES_H_

@@ -115,12 +115,12 @@ absl::Status CheckSubsetSearch(int dim, MatrixView<const float> queries, const S
 }
 
 struct SubsetAdc::Scratch {
-  std::vector<float> luts;       // kMaxQueriesPerPass x m x 256
-  std::vector<float> distances;  // kMaxQueriesPerPass x kBlock
+  adc_internal::AlignedVector<float> luts;       // kMaxQueriesPerPass x m x 256
+  adc_internal::AlignedVector<float> distances;  // kMaxQueriesPerPass x kBlock
   std::vector<std::vector<Candidate>> heaps;
   std::vector<std::pair<int64_t, int64_t>> ranges;  // local token ranges to scan
   // Quantized kernels only.
-  std::vector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
+  adc_internal::AlignedVector<uint8_t> tables;  // kMaxQueriesPerPass x m x 256
   std::vector<CandidateFilter> filters;
   // The last subset packed here without being cached (no cache, or too large for it).
   std::shared_ptr<PackedSubset> packed;

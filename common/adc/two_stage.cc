@@ -167,7 +167,7 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
                         const uint16_t* const* biases, CandidateFilter* filters) {
   constexpr int kMaxQueries = 8;
   uint16_t limits[kMaxQueries];
-  uint16_t sums[kMaxQueries * kAdcBlock];
+  alignas(64) uint16_t sums[kMaxQueries * kAdcBlock];
   uint64_t below[kMaxQueries];
   const uint16_t* block_biases[kMaxQueries];
   const bool prefetch = PrefetchesBlocks(num_queries, n, m_count);
