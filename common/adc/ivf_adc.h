@@ -128,11 +128,12 @@ class IvfAdc {
   const Options options_;
   const QuantizedAdcKernels kernels_;
   const AdcTableKernels& tables_;
-  const std::vector<float> centroids_t_;  // per sub-quantizer dsub x 256 (AdcLutFn's layout)
-  std::vector<float> norms_;              // m x 256: ||r_mc||²
-  const std::vector<float> zeros_;        // m x 256 zeros: residual_luts' start for T
-  float norms_max_sum_ = 0.0f;            // Σ_m max_c ||r_mc||²
-  float centroid_bound_ = 0.0f;           // sqrt(Σ_m max_c ||r_mc||²) (Cauchy-Schwarz bounds)
+  // Read 64 bytes at a time by the table kernels, hence aligned (packed_lines.h).
+  const adc_internal::AlignedVector<float> centroids_t_;  // per sub-quantizer dsub x 256
+  adc_internal::AlignedVector<float> norms_;              // m x 256: ||r_mc||²
+  const adc_internal::AlignedVector<float> zeros_;  // m x 256 zeros: residual_luts' start for T
+  float norms_max_sum_ = 0.0f;                      // Σ_m max_c ||r_mc||²
+  float centroid_bound_ = 0.0f;  // sqrt(Σ_m max_c ||r_mc||²) (Cauchy-Schwarz bounds)
   // List l: blocks [block_begin_[l], block_begin_[l + 1]) of m lines each, and vectors
   // [list_begin_[l], list_begin_[l + 1]) of ids_.
   adc_internal::PackedLines lines_;

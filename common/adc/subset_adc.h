@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/adc/adc_kernels.h"
+#include "common/adc/packed_lines.h"
 #include "common/adc/pq_codebook.h"
 #include "common/matrix.h"
 #include "common/request.h"
@@ -142,7 +143,7 @@ class SubsetAdc : public SubsetSearcher {
   const AdcLutFn lut_;
   const std::unique_ptr<PackedCache> cache_;  // null when options_.packed_cache_bytes == 0
   // Per sub-quantizer, centroids transposed to dsub x 256 so LUT building vectorises.
-  std::vector<float> centroids_t_;
+  adc_internal::AlignedVector<float> centroids_t_;  // aligned: read 64 bytes at a time
 };
 
 }  // namespace knnserve

@@ -123,9 +123,9 @@ void CandidateFilter::Prune() {
               kept_.end());
 }
 
-std::vector<float> TransposeCentroids(const PqCodebook& codebook) {
+AlignedVector<float> TransposeCentroids(const PqCodebook& codebook) {
   const int dsub = codebook.dsub;
-  std::vector<float> transposed(codebook.centroids.size());
+  AlignedVector<float> transposed(codebook.centroids.size());
   for (int m = 0; m < codebook.m; ++m) {
     for (int c = 0; c < kLutSize; ++c) {
       for (int j = 0; j < dsub; ++j) {

@@ -87,7 +87,7 @@ class CandidateFilter {
 };
 
 // The codebook's centroids transposed per sub-quantizer to dsub x 256, the layout AdcLutFn reads.
-std::vector<float> TransposeCentroids(const PqCodebook& codebook);
+AlignedVector<float> TransposeCentroids(const PqCodebook& codebook);
 
 // Copies the m_count code bytes of lane `lane` of a packed block to `code`.
 void CopyLaneCode(const PackedLine* block, int m_count, int lane, uint8_t* code);

@@ -165,7 +165,7 @@ TEST(AdcKernels, ResidualCostEqualsTheResidualTableSumBitForBit) {
       SCOPED_TRACE(absl::StrCat("m ", m, " dsub ", dsub));
       PqCodebook codebook{m, dsub, std::vector<float>(m * 256 * dsub)};
       for (float& c : codebook.centroids) c = 2 * normal(rng);
-      const std::vector<float> centroids_t = adc_internal::TransposeCentroids(codebook);
+      const auto centroids_t = adc_internal::TransposeCentroids(codebook);
       std::vector<float> norms(m * 256), x(m * dsub);
       for (int e = 0; e < m * 256; ++e) {
         for (int j = 0; j < dsub; ++j)
