@@ -2,7 +2,7 @@
 // in-process search of the same index. Prints a Markdown table; never asserts on speed.
 //
 //   service_bench [--vectors N] [--dim D] [--factory STR] [--nprobe P] [--batch B] [--k K]
-//                 [--seconds S] [--work-dir DIR]
+//                 [--seconds S] [--slices N] [--work-dir DIR]
 //
 // a) router + 1 shard vs in-process search of the same index (throughput, p50 overhead);
 // b) 4 shards behind the router vs one in-process index of the same total size;
@@ -50,6 +50,7 @@ struct Flags {
   int batch = 64;
   int k = 64;
   double seconds = 5;
+  int slices = 5;  // a) and b): each side measured in this many alternating slices
   double steady_seconds = 30;
   int64_t train_size = 65536;
   std::string work_dir = "/tmp/knnserve-bench";
@@ -103,9 +104,19 @@ std::unique_ptr<SearchEngine> Engine(const std::string& dir, int shard) {
 }
 
 struct Stats {
-  double rows_per_second = 0;
+  double rows = 0;
+  double seconds = 0;
   std::vector<absl::Duration> latencies;  // sorted
 
+  double rows_per_second() const { return seconds > 0 ? rows / seconds : 0.0; }
+  // Adds another measurement of the same thing.
+  void Add(const Stats& other) {
+    rows += other.rows;
+    seconds += other.seconds;
+    const size_t middle = latencies.size();
+    latencies.insert(latencies.end(), other.latencies.begin(), other.latencies.end());
+    std::inplace_merge(latencies.begin(), latencies.begin() + middle, latencies.end());
+  }
   absl::Duration Quantile(double q) const {
     if (latencies.empty()) return absl::ZeroDuration();
     return latencies[std::min(latencies.size() - 1, static_cast<size_t>(q * latencies.size()))];
@@ -134,8 +145,8 @@ Stats ClosedLoop(int clients, double seconds, int batch,
   }
   for (std::thread& t : threads) t.join();
   Stats stats;
-  stats.rows_per_second =
-      latencies.size() * static_cast<double>(batch) / absl::ToDoubleSeconds(absl::Now() - start);
+  stats.rows = latencies.size() * static_cast<double>(batch);
+  stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   std::sort(latencies.begin(), latencies.end());
   stats.latencies = std::move(latencies);
   return stats;
@@ -155,27 +166,48 @@ v1::SearchRequest Request(const Flags& flags, uint32_t seed) {
   return request;
 }
 
-Stats InProcess(const Flags& flags, const SearchEngine& engine, int clients) {
+Stats InProcess(const Flags& flags, const SearchEngine& engine, int clients, double seconds) {
   std::vector<SearchQuery> queries;
   for (int c = 0; c < clients; ++c) queries.push_back(Query(flags, c));
-  return ClosedLoop(clients, flags.seconds, flags.batch, [&](int c) {
+  return ClosedLoop(clients, seconds, flags.batch, [&](int c) {
     KNNSERVE_CHECK(engine.Search(queries[c]).ok(), "in-process search");
   });
 }
 
-Stats ThroughRouter(const Flags& flags, const std::string& address, int clients) {
+// Closed-loop clients of a router, each with its own channel and request.
+struct RouterClients {
+  RouterClients(const Flags& flags, const std::string& address, int clients) {
+    for (int c = 0; c < clients; ++c) {
+      requests.push_back(Request(flags, c));
+      stubs.push_back(testing::Connect(address));
+    }
+  }
   std::vector<v1::SearchRequest> requests;
   std::vector<std::unique_ptr<v1::Retrieval::Stub>> stubs;
-  for (int c = 0; c < clients; ++c) {
-    requests.push_back(Request(flags, c));
-    stubs.push_back(testing::Connect(address));
-  }
-  return ClosedLoop(clients, flags.seconds, flags.batch, [&](int c) {
+};
+
+Stats ThroughRouter(const Flags& flags, const RouterClients& clients, double seconds) {
+  return ClosedLoop(static_cast<int>(clients.stubs.size()), seconds, flags.batch, [&](int c) {
     v1::SearchResponse response;
-    const grpc::Status status =
-        testing::CallSearch(stubs[c].get(), requests[c], &response, absl::Seconds(120));
+    const grpc::Status status = testing::CallSearch(clients.stubs[c].get(), clients.requests[c],
+                                                    &response, absl::Seconds(120));
     KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
   });
+}
+
+// In-process search and search through the router, `flags.seconds` each, in `flags.slices`
+// alternating slices: this machine's speed drifts by tens of percent within seconds, so one
+// block per side measured the drift as much as the service.
+std::pair<Stats, Stats> SideBySide(const Flags& flags, const SearchEngine& engine,
+                                   const std::string& address, int clients) {
+  const double slice = flags.seconds / std::max(1, flags.slices);
+  const RouterClients router_clients(flags, address, clients);
+  Stats local, remote;
+  for (int i = 0; i < std::max(1, flags.slices); ++i) {
+    local.Add(InProcess(flags, engine, clients, slice));
+    remote.Add(ThroughRouter(flags, router_clients, slice));
+  }
+  return {std::move(local), std::move(remote)};
 }
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(d)); }
@@ -217,10 +249,9 @@ void BenchA(const Flags& flags) {
       "| clients | in-process rows/s | router rows/s | ratio | in-process p50 ms | "
       "router p50 ms | p50 overhead ms |\n|---|---|---|---|---|---|---|\n");
   for (int clients : {1, 2}) {
-    const Stats local = InProcess(flags, *engine, clients);
-    const Stats remote = ThroughRouter(flags, cluster.router->address(), clients);
-    std::printf("| %d | %.0f | %.0f | %.3f | %s | %s | %s |\n", clients, local.rows_per_second,
-                remote.rows_per_second, remote.rows_per_second / local.rows_per_second,
+    const auto [local, remote] = SideBySide(flags, *engine, cluster.router->address(), clients);
+    std::printf("| %d | %.0f | %.0f | %.3f | %s | %s | %s |\n", clients, local.rows_per_second(),
+                remote.rows_per_second(), remote.rows_per_second() / local.rows_per_second(),
                 Ms(local.Quantile(0.5)).c_str(), Ms(remote.Quantile(0.5)).c_str(),
                 Ms(remote.Quantile(0.5) - local.Quantile(0.5)).c_str());
     std::fflush(stdout);
@@ -234,10 +265,9 @@ void BenchB(const Flags& flags) {
       "\n### b) 4 shards behind the router vs one in-process index of the same size\n\n"
       "| clients | in-process rows/s | 4 shards rows/s | ratio |\n|---|---|---|---|\n");
   for (int clients : {1, 2}) {
-    const Stats local = InProcess(flags, *engine, clients);
-    const Stats remote = ThroughRouter(flags, cluster.router->address(), clients);
-    std::printf("| %d | %.0f | %.0f | %.3f |\n", clients, local.rows_per_second,
-                remote.rows_per_second, remote.rows_per_second / local.rows_per_second);
+    const auto [local, remote] = SideBySide(flags, *engine, cluster.router->address(), clients);
+    std::printf("| %d | %.0f | %.0f | %.3f |\n", clients, local.rows_per_second(),
+                remote.rows_per_second(), remote.rows_per_second() / local.rows_per_second());
     std::fflush(stdout);
   }
 }
@@ -293,7 +323,9 @@ void BenchC(const Flags& flags) {
   // The steady rate: a third of what one closed-loop client gets through the router.
   Cluster probe(dir, 4, 1, Options(false));
   const double capacity =
-      ThroughRouter(flags, probe.router->address(), 1).rows_per_second / flags.batch;
+      ThroughRouter(flags, RouterClients(flags, probe.router->address(), 1), flags.seconds)
+          .rows_per_second() /
+      flags.batch;
   const double rate = std::max(1.0, capacity / 3);
   std::printf(
       "\n### c) per-step latency at %.1f requests/s (4 shards x 2 replicas, batch %d, "
@@ -458,6 +490,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", flags.batch)->capture_default_str();
   app.add_option("--k", flags.k)->capture_default_str();
   app.add_option("--seconds", flags.seconds, "per measurement")->capture_default_str();
+  app.add_option("--slices", flags.slices,
+                 "a) and b): alternating slices per side (the machine's speed drifts)")
+      ->capture_default_str();
   app.add_option("--steady-seconds", flags.steady_seconds, "per steady-rate scenario (c)")
       ->capture_default_str();
   app.add_option("--train-size", flags.train_size)->capture_default_str();
