@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<CudaSubsetAdc>> CudaSubsetAdc::Create(
   const std::vector<uint8_t>& codes = gpu->cpu_->codes().codes;
   RETURN_IF_ERROR(
       CudaStatus(gpu->codes_.Upload(codes.data(), codes.size()), "copy the subset codes"));
-  const std::vector<float> centroids_t = adc_internal::TransposeCentroids(gpu->cpu_->codebook());
+  const auto centroids_t = adc_internal::TransposeCentroids(gpu->cpu_->codebook());
   RETURN_IF_ERROR(
       CudaStatus(gpu->centroids_t_.Upload(centroids_t.data(), centroids_t.size() * sizeof(float)),
                  "copy the PQ centroids"));
