@@ -120,18 +120,24 @@ int main(int argc, char** argv) {
   flags.server.Register(app, "127.0.0.1:7000");
   app.add_option("--index", flags.index_dir, "index directory (with manifest.json)")->required();
   app.add_option("--shard", flags.shard_id, "shard id to serve")->required();
-  app.add_option("--threads", flags.threads, "OpenMP threads per search")->capture_default_str();
+  app.add_option("--threads", flags.threads, "OpenMP threads per search")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--batch-threads", flags.batcher.num_threads, "engine calls that may run at once")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--batch-wait-us", flags.batch_wait_us,
                  "longest a request waits to be batched with others (0: only what queued)")
+      ->check(CLI::Range(0, 10'000'000))
       ->capture_default_str();
   app.add_option("--inline-budget-us", flags.inline_budget_us,
                  "a request expected to search within this long runs on the gRPC thread that "
                  "received it when the shard is idle (0: always hand it to a worker)")
+      ->check(CLI::Range(0, 10'000'000))
       ->capture_default_str();
   app.add_option("--max-batch-rows", flags.batcher.max_batch_rows,
                  "most query rows coalesced into one engine call")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--subset-device", flags.subset_device,
                  "where subset ADC runs: cpu, or cuda (codes on the current GPU; CUDA builds)")
