@@ -50,16 +50,22 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   app.add_option("--drain-seconds", drain_seconds,
                  "on SIGTERM, how long calls in flight may take to finish")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-  app.add_option("--max-k", limits.max_k, "largest k a request may ask for")->capture_default_str();
+  app.add_option("--max-k", limits.max_k, "largest k a request may ask for")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--max-rows", limits.max_rows, "most query rows per request")
+      ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
   app.add_option("--max-subset-sentences", limits.max_subset_sentences,
                  "most sentences per subset group")
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   app.add_option("--subset-session-sentences", subset_session_sentences,
                  "most sentence ids kept, over all subset sessions, for requests that name "
                  "their subset by a subset_session token (least recently used ones go first)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
 }
 
