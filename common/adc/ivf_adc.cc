@@ -399,11 +399,14 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
 
   const int64_t first = list_begin_[list];
   const int64_t n = list_begin_[list + 1] - first;
-  scratch.biases.assign((n + kAdcBlock - 1) / kAdcBlock * kAdcBlock, uint16_t{0});
+  // Every position is written once: the list's biases, then zeros up to a whole block.
+  const int64_t padded = (n + kAdcBlock - 1) / kAdcBlock * kAdcBlock;
+  if (static_cast<int64_t>(scratch.biases.size()) < padded) scratch.biases.resize(padded);
   const float ratio_f = static_cast<float>(ratio);
   for (int64_t i = 0; i < n; ++i) {
     scratch.biases[i] = static_cast<uint16_t>(static_cast<float>(biases_[first + i]) * ratio_f);
   }
+  std::fill(scratch.biases.begin() + n, scratch.biases.begin() + padded, uint16_t{0});
   // Once k distances are bounded, the cap is rarely beaten by the list's own k-th sum (a list
   // holds a fraction of the probed vectors), and keeping that sum costs a heap operation per
   // vector under the cap; DeferSurvivors still drops those the bound, lowered by the list's

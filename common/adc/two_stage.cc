@@ -160,8 +160,6 @@ void PrefetchBlock(const PackedLine* block, int m_count) {
   for (int m = 0; m < m_count; ++m) __builtin_prefetch(block[m].bytes, /*rw=*/0, /*locality=*/3);
 }
 
-}  // namespace
-
 // The most table bytes one pass over a run of blocks reads: the queries of a pass keep their
 // tables in the L1 data cache while the codes stream past. A beam's five M = 64 tables (80 KiB)
 // read for every block came from L2 and made the scan wait on table loads; beyond this, the
@@ -169,6 +167,8 @@ void PrefetchBlock(const PackedLine* block, int m_count) {
 // L1/L2 caches for the next group.
 constexpr int kTableBytesPerPass = 48 << 10;
 constexpr int kBlocksPerRun = 8;
+
+}  // namespace
 
 void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const* tables,
                         int num_queries, const PackedLine* blocks, int64_t n, int m_count,
