@@ -229,38 +229,86 @@ std::vector<float> StoredNorms(const faiss::IndexFlat& flat) {
   return norms;
 }
 
-// Up to this many queries, an exact Flat search takes one matrix-vector product per query.
-// faiss's knn_L2sqr takes blocked matrix products, and OpenBLAS copies (packs) every block of
-// stored vectors at every call: for one query against subset kNN-MT's 58k sentence keys (256
-// dims) the search took 10 ms that way, 3.2 ms this way.
-constexpr int64_t kMatrixVectorQueries = 4;
+// An exact Flat search whose n x ntotal inner products fit this many floats takes them in one
+// matrix product and selects each query's k nearest from them. faiss's knn_L2sqr takes one
+// product per block of 1024 stored vectors, and OpenBLAS copies (packs) the stored vectors and
+// wakes its threads at every call; its result handler then keeps a reservoir per query. For
+// subset kNN-MT's sentence selection (58k keys of 256 dims, k 512; embedding included) a batch
+// of 16 sentences took ~30 ms in decoding that way, 10-14 ms this way; 64 sentences 50-70 ms,
+// 30-35 ms. Larger searches keep faiss's blocks: their products stream the stored vectors
+// once, where chunks of queries would re-read them. The products of a search stay allocated to
+// its thread (16 MiB at most).
+constexpr int64_t kProductFloats = int64_t{4} << 20;  // 16 MiB
+// Up to this many queries the products are matrix-vector products, one per query: OpenBLAS's
+// matrix product packs the stored vectors first, which for one query against those 58k keys
+// took 3.0 ms against 1.5 ms (two queries: 4.5 ms against 3.0 ms).
+constexpr int64_t kMatrixVectorQueries = 2;
+
+using Scored = std::pair<float, int64_t>;  // squared distance, id
+
+// The `kept` nearest of `distances` (ntotal of them, by distance, ties by id) into the first
+// kept entries of `out`, nearest first. Instead of a selection over all distances, a sample
+// (every stride-th) gives a threshold that about twice `kept` distances fall under; the
+// nearest are taken among those, or among all when fewer than `kept` fall under it. Every
+// distance at most the threshold is a candidate, so the answer is exact either way.
+void SelectNearest(const float* distances, int64_t ntotal, int64_t kept, std::vector<Scored>& out) {
+  const auto nearer = [](const Scored& a, const Scored& b) {
+    return a.first < b.first || (a.first == b.first && a.second < b.second);
+  };
+  out.clear();
+  constexpr int64_t kSamples = 1024;
+  if (ntotal >= 4 * kSamples && kept * 8 <= ntotal) {
+    const int64_t stride = ntotal / kSamples;
+    std::vector<float> sample(kSamples);
+    for (int64_t i = 0; i < kSamples; ++i) sample[i] = distances[i * stride];
+    const int64_t rank = std::min(kSamples - 1, 2 * kept * kSamples / ntotal + 8);
+    std::nth_element(sample.begin(), sample.begin() + rank, sample.end());
+    const float threshold = sample[rank];
+    for (int64_t j = 0; j < ntotal; ++j) {
+      if (distances[j] <= threshold) out.emplace_back(distances[j], j);
+    }
+  }
+  if (static_cast<int64_t>(out.size()) < kept) {
+    out.resize(ntotal);
+    for (int64_t j = 0; j < ntotal; ++j) out[j] = {distances[j], j};
+  }
+  std::nth_element(out.begin(), out.begin() + (kept - 1), out.end(), nearer);
+  std::sort(out.begin(), out.begin() + kept, nearer);
+}
 
 // The k nearest of each of n queries by squared L2 (|x|^2 + |y|^2 - 2<x, y>, clipped at 0, as
 // knn_L2sqr computes them), nearest first, ties by id; -1 and +inf past the stored vectors.
-void MatrixVectorL2Search(const faiss::IndexFlat& flat, const std::vector<float>& norms,
-                          const float* x, int64_t n, int64_t k, float* distances, idx_t* labels) {
+// REQUIRES: n * ntotal <= kProductFloats.
+void ProductL2Search(const faiss::IndexFlat& flat, const std::vector<float>& norms, const float* x,
+                     int64_t n, int64_t k, float* distances, idx_t* labels) {
   const int64_t d = flat.d;
   const int64_t total = flat.ntotal;
   const int64_t kept = std::min(k, total);
-  std::vector<float> distance(total);  // inner products first, then squared L2
-  std::vector<int64_t> order(total);
-  for (int64_t q = 0; q < n; ++q) {
-    const float* query = x + q * d;
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(total), static_cast<int>(d), 1.0f,
-                flat.get_xb(), static_cast<int>(d), query, 1, 0.0f, distance.data(), 1);
-    const float query_norm = faiss::fvec_norm_L2sqr(query, d);
-    for (int64_t j = 0; j < total; ++j) {
-      distance[j] = std::max(0.0f, query_norm + norms[j] - 2 * distance[j]);
+  // Kept between calls (fresh megabytes per call cost a page fault per 4 KiB); the calling
+  // thread's, hence read through `all` by the OpenMP threads.
+  thread_local std::vector<float> products;
+  products.resize(n * total);
+  float* const all = products.data();
+  if (n <= kMatrixVectorQueries) {
+    for (int64_t q = 0; q < n; ++q) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(total), static_cast<int>(d), 1.0f,
+                  flat.get_xb(), static_cast<int>(d), x + q * d, 1, 0.0f, all + q * total, 1);
     }
-    std::iota(order.begin(), order.end(), 0);
-    const auto nearer = [&](int64_t a, int64_t b) {
-      return distance[a] < distance[b] || (distance[a] == distance[b] && a < b);
-    };
-    std::nth_element(order.begin(), order.begin() + kept - 1, order.end(), nearer);
-    std::sort(order.begin(), order.begin() + kept, nearer);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                static_cast<int>(total), static_cast<int>(d), 1.0f, x, static_cast<int>(d),
+                flat.get_xb(), static_cast<int>(d), 0.0f, all, static_cast<int>(total));
+  }
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t q = 0; q < n; ++q) {
+    float* row = all + q * total;
+    const float query_norm = faiss::fvec_norm_L2sqr(x + q * d, d);
+    for (int64_t j = 0; j < total; ++j) row[j] = std::max(0.0f, query_norm + norms[j] - 2 * row[j]);
+    thread_local std::vector<Scored> nearest;
+    SelectNearest(row, total, kept, nearest);
     for (int64_t j = 0; j < k; ++j) {
-      distances[q * k + j] = j < kept ? distance[order[j]] : std::numeric_limits<float>::infinity();
-      labels[q * k + j] = j < kept ? order[j] : -1;
+      distances[q * k + j] = j < kept ? nearest[j].first : std::numeric_limits<float>::infinity();
+      labels[q * k + j] = j < kept ? nearest[j].second : -1;
     }
   }
 }
@@ -269,9 +317,8 @@ void MatrixVectorL2Search(const faiss::IndexFlat& flat, const std::vector<float>
 // computes them (knn_L2sqr), given the stored norms: the same answers up to float rounding.
 void FlatL2Search(const faiss::IndexFlat& flat, const std::vector<float>& norms, const float* x,
                   int64_t n, int64_t k, float* distances, idx_t* labels) {
-  if (n <= kMatrixVectorQueries && flat.ntotal > 0 &&
-      flat.ntotal <= std::numeric_limits<int>::max()) {  // BLAS counts rows in int
-    MatrixVectorL2Search(flat, norms, x, n, k, distances, labels);
+  if (flat.ntotal > 0 && n * flat.ntotal <= kProductFloats) {
+    ProductL2Search(flat, norms, x, n, k, distances, labels);
   } else {
     faiss::knn_L2sqr(x, flat.get_xb(), flat.d, n, flat.ntotal, k, distances, labels, norms.data());
   }

@@ -171,13 +171,14 @@ TEST(FaissIndex, CompactIdsKeepsAnswersAndCostsCodesPlusFourBytes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("faiss")));
 }
 
-// A Flat index in serving form keeps its vectors' norms instead of recomputing them per call:
-// the same BLAS search, bit-identical answers.
-TEST(FaissIndex, FlatServingFormKeepsNormsAndAnswersBitForBit) {
+// A Flat index in serving form keeps its vectors' norms instead of recomputing them per call.
+// Searches too large for one matrix product (700 queries x 6000 vectors) run faiss's blocked
+// BLAS search on them: bit-identical answers.
+TEST(FaissIndex, FlatServingFormKeepsNormsAndAnswersLargeSearchesBitForBit) {
   ASSERT_OK_AND_ASSIGN(auto index, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
   ASSERT_THAT(index->Add(Data().keys.view()), IsOk());
-  const Matrix<float> q = MakeQueries(Data().keys, 40, 23);
-  for (const int k : {1, 10, 7000}) {
+  const Matrix<float> q = MakeQueries(Data().keys, 700, 23);
+  for (const int k : {1, 10, 100}) {
     ASSERT_OK_AND_ASSIGN(Neighbors before, index->Search(q.view(), {k, 0, 0}));
     ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
     ASSERT_THAT(serving->Add(Data().keys.view()), IsOk());
@@ -242,23 +243,48 @@ void ExpectSameNeighborsUpToNearTies(const Neighbors& want, const Neighbors& got
   }
 }
 
-TEST(FaissIndex, FlatServingFormAnswersFewQueriesAsFaissUpToRounding) {
-  // Up to 4 queries the serving form takes one matrix-vector product per query instead of
-  // faiss's blocked matrix products: other roundings, the same neighbours.
-  ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+TEST(FaissIndex, FlatServingFormAnswersSmallSearchesAsFaissUpToRounding) {
+  // Up to 4M products (here 600 queries x 6000 vectors) the serving form takes them in one
+  // matrix product and selects each query's nearest itself (by a sampled threshold for k 10 and
+  // 512, among all for k 7000): other roundings, the same neighbours.
+  ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 2));
   ASSERT_THAT(faiss_flat->Add(Data().keys.view()), IsOk());
-  ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 2));
   ASSERT_THAT(serving->Add(Data().keys.view()), IsOk());
   ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
-  for (const int64_t n : {1, 3, 4}) {
+  for (const int64_t n : {1, 3, 40, 300}) {
     const Matrix<float> q = MakeQueries(Data().keys, n, 31 + n);
-    for (const int k : {1, 10, 7000}) {  // 7000 > kRows: the missing tail is -1
+    for (const int k : {1, 10, 512, 7000}) {  // 7000 > kRows: the missing tail is -1
+      SCOPED_TRACE(absl::StrCat(n, " queries, k ", k));
       ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {k, 0, 0}));
       ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {k, 0, 0}));
       ExpectSameNeighborsUpToNearTies(want, got);
       EXPECT_EQ(std::count(got.ids.begin(), got.ids.end(), -1), k > kRows ? n * (k - kRows) : 0);
     }
   }
+}
+
+// The serving form's selection takes a threshold from every 16th distance. Where those are
+// all copies of the query, fewer than k vectors fall under it, and the selection must take the
+// k nearest among all vectors instead.
+TEST(FaissIndex, FlatServingFormIsExactWhereTheSampledThresholdKeepsTooFew) {
+  constexpr int64_t kVectors = 16384;
+  const Matrix<float> q = MakeQueries(Data().keys, 1, 5);
+  Matrix<float> keys(kVectors, kDim);
+  for (int64_t i = 0; i < kVectors; ++i) {
+    const float* from = i % 16 == 0 ? q.row(0) : Data().keys.row(i % kRows);
+    std::copy(from, from + kDim, keys.row(i));
+  }
+  ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  ASSERT_THAT(faiss_flat->Add(keys.view()), IsOk());
+  ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  ASSERT_THAT(serving->Add(keys.view()), IsOk());
+  ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
+  ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {2000, 0, 0}));
+  ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {2000, 0, 0}));
+  ExpectSameNeighborsUpToNearTies(want, got);
+  for (int j = 0; j < 1024; ++j) EXPECT_EQ(got.ids[j] % 16, 0) << "rank " << j;
+  EXPECT_NE(got.ids[1500] % 16, 0);  // past the 1024 copies: the nearest other vectors
 }
 
 TEST(IvfAdc, ServingFormAnswersAsFaissUpToRounding) {
