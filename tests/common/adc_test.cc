@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/adc/adc_kernels.h"
@@ -254,6 +255,50 @@ TEST(PackedLines, AlignedToLinesAndLargeBlocksToHugePages) {
     }
     // Value-initialized, as any vector: the scans read padding lanes as code 0.
     EXPECT_EQ(packed.back().bytes[kAdcBlock - 1], 0);
+  }
+}
+
+// The filter keeps exactly the positions whose sums are within the final limit, min(cap, k-th
+// smallest sum offered + margin), in the order offered, whether every lane is offered or only
+// those under the filter's limit at the time (as the scan kernels offer them).
+TEST(CandidateFilter, KeepsExactlyThePositionsWithinTheFinalLimit) {
+  std::mt19937_64 rng(41);
+  for (const int blocks : {1, 40}) {
+    std::vector<uint16_t> sums(blocks * kAdcBlock);
+    for (uint16_t& q : sums) q = static_cast<uint16_t>(rng() % 2000 + (rng() % 7 == 0 ? 0 : 900));
+    for (const auto& [k, margin, cap] : {std::tuple<int, int, uint16_t>{1, 0, 65535},
+                                         {32, 34, 65535},
+                                         {32, 34, 1000},
+                                         {0, 34, 1200},
+                                         {100, 5, 65535},
+                                         {5000, 34, 65535}}) {
+      std::vector<uint16_t> sorted = sums;
+      std::sort(sorted.begin(), sorted.end());
+      // Sums over the cap are never kept: a k-th smallest sum over the cap is not known.
+      const bool enough = k > 0 && k <= static_cast<int>(sums.size()) && sorted[k - 1] <= cap;
+      const uint16_t kth = enough ? sorted[k - 1] : 65535;
+      const int limit = std::min<int>(cap, enough ? kth + margin : 65535);
+      std::vector<std::pair<uint16_t, int64_t>> want;
+      for (size_t p = 0; p < sums.size(); ++p) {
+        if (sums[p] <= limit) want.emplace_back(sums[p], p);
+      }
+      for (const bool only_under_limit : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(blocks, " blocks, k ", k, " margin ", margin, " cap ", cap,
+                                  only_under_limit ? ", lanes under the limit" : ""));
+        adc_internal::CandidateFilter filter;
+        filter.Reset(k, margin, cap);
+        for (int b = 0; b < blocks; ++b) {
+          const uint16_t* block = sums.data() + b * kAdcBlock;
+          uint64_t below = 0;
+          for (int lane = 0; lane < kAdcBlock; ++lane) {
+            if (!only_under_limit || block[lane] <= filter.limit()) below |= uint64_t{1} << lane;
+          }
+          filter.Offer(block, below, int64_t{b} * kAdcBlock);
+        }
+        EXPECT_EQ(filter.Survivors(), want);
+        EXPECT_EQ(filter.kth_sum(), kth);
+      }
+    }
   }
 }
 
