@@ -248,20 +248,22 @@ using Scored = std::pair<float, int64_t>;  // squared distance, id
 
 // The `kept` nearest of `distances` (ntotal of them, by distance, ties by id) into the first
 // kept entries of `out`, nearest first. Instead of a selection over all distances, a sample
-// (every stride-th) gives a threshold that about twice `kept` distances fall under; the
+// (every 4th or more) gives a threshold that about twice `kept` distances fall under; the
 // nearest are taken among those, or among all when fewer than `kept` fall under it. Every
-// distance at most the threshold is a candidate, so the answer is exact either way.
+// distance at most the threshold is a candidate, so the answer is exact either way. (An IVF
+// coarse search, nprobe of 1024 centroids, takes 256 samples and then ~50 candidates.)
 void SelectNearest(const float* distances, int64_t ntotal, int64_t kept, std::vector<Scored>& out) {
   const auto nearer = [](const Scored& a, const Scored& b) {
     return a.first < b.first || (a.first == b.first && a.second < b.second);
   };
   out.clear();
-  constexpr int64_t kSamples = 1024;
-  if (ntotal >= 4 * kSamples && kept * 8 <= ntotal) {
-    const int64_t stride = ntotal / kSamples;
-    std::vector<float> sample(kSamples);
-    for (int64_t i = 0; i < kSamples; ++i) sample[i] = distances[i * stride];
-    const int64_t rank = std::min(kSamples - 1, 2 * kept * kSamples / ntotal + 8);
+  const int64_t samples = std::min<int64_t>(1024, ntotal / 4);
+  if (samples >= 64 && kept * 8 <= ntotal) {
+    const int64_t stride = ntotal / samples;
+    thread_local std::vector<float> sample;
+    sample.resize(samples);
+    for (int64_t i = 0; i < samples; ++i) sample[i] = distances[i * stride];
+    const int64_t rank = std::min(samples - 1, 2 * kept * samples / ntotal + 8);
     std::nth_element(sample.begin(), sample.begin() + rank, sample.end());
     const float threshold = sample[rank];
     for (int64_t j = 0; j < ntotal; ++j) {

@@ -244,22 +244,26 @@ void ExpectSameNeighborsUpToNearTies(const Neighbors& want, const Neighbors& got
 }
 
 TEST(FaissIndex, FlatServingFormAnswersSmallSearchesAsFaissUpToRounding) {
-  // Up to 4M products (here 600 queries x 6000 vectors) the serving form takes them in one
-  // matrix product and selects each query's nearest itself (by a sampled threshold for k 10 and
-  // 512, among all for k 7000): other roundings, the same neighbours.
-  ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 2));
-  ASSERT_THAT(faiss_flat->Add(Data().keys.view()), IsOk());
-  ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 2));
-  ASSERT_THAT(serving->Add(Data().keys.view()), IsOk());
-  ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
-  for (const int64_t n : {1, 3, 40, 300}) {
-    const Matrix<float> q = MakeQueries(Data().keys, n, 31 + n);
-    for (const int k : {1, 10, 512, 7000}) {  // 7000 > kRows: the missing tail is -1
-      SCOPED_TRACE(absl::StrCat(n, " queries, k ", k));
-      ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {k, 0, 0}));
-      ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {k, 0, 0}));
-      ExpectSameNeighborsUpToNearTies(want, got);
-      EXPECT_EQ(std::count(got.ids.begin(), got.ids.end(), -1), k > kRows ? n * (k - kRows) : 0);
+  // Up to 4M products (here up to 300 queries x 6000 vectors) the serving form takes them in one
+  // matrix product and selects each query's nearest itself: by a threshold sampled from 1024
+  // (6000 vectors) or 256 (1024 vectors, an IVF coarse quantizer's size) distances for small
+  // k, among all distances for large k. Other roundings, the same neighbours.
+  for (const int64_t rows : {kRows, int64_t{1024}}) {
+    const MatrixView<const float> keys{Data().keys.data(), rows, kDim};
+    ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 2));
+    ASSERT_THAT(faiss_flat->Add(keys), IsOk());
+    ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 2));
+    ASSERT_THAT(serving->Add(keys), IsOk());
+    ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
+    for (const int64_t n : {1, 3, 40, 300}) {
+      const Matrix<float> q = MakeQueries(Data().keys, n, 31 + n);
+      for (const int k : {1, 8, 512, 7000}) {  // 7000 > rows: the missing tail is -1
+        SCOPED_TRACE(absl::StrCat(rows, " vectors, ", n, " queries, k ", k));
+        ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {k, 0, 0}));
+        ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {k, 0, 0}));
+        ExpectSameNeighborsUpToNearTies(want, got);
+        EXPECT_EQ(std::count(got.ids.begin(), got.ids.end(), -1), k > rows ? n * (k - rows) : 0);
+      }
     }
   }
 }
