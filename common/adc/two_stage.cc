@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <limits>
 
 namespace knnserve::adc_internal {
 namespace {
@@ -80,40 +79,48 @@ void CandidateFilter::Reset(int k, int margin, uint16_t cap) {
   margin_ = margin;
   cap_ = cap;
   limit_ = cap;
-  kth_sum_ = kNoLimit;
+  smallest_.clear();
   kept_.clear();
-  tighten_at_ = k > 0 ? static_cast<size_t>(k) : std::numeric_limits<size_t>::max();
+  prune_at_ = 4 * static_cast<size_t>(k) + 1024;
 }
 
 void CandidateFilter::Offer(const uint16_t* sums, uint64_t below, int64_t first_position) {
   for (; below != 0; below &= below - 1) {
     const int lane = __builtin_ctzll(below);
     const uint16_t q = sums[lane];
-    if (q <= limit_) kept_.emplace_back(q, first_position + lane);
+    if (q > limit_) continue;  // the limit fell inside this block
+    kept_.emplace_back(q, first_position + lane);
+    if (k_ == 0) continue;
+    if (static_cast<int>(smallest_.size()) < k_) {
+      smallest_.push_back(q);
+      std::push_heap(smallest_.begin(), smallest_.end());
+    } else if (q < smallest_.front()) {
+      std::pop_heap(smallest_.begin(), smallest_.end());
+      smallest_.back() = q;
+      std::push_heap(smallest_.begin(), smallest_.end());
+    } else {
+      continue;
+    }
+    if (static_cast<int>(smallest_.size()) == k_) {
+      limit_ = static_cast<uint16_t>(std::min<int>(cap_, smallest_.front() + margin_));
+    }
   }
-  if (kept_.size() >= tighten_at_) Tighten();
+  if (kept_.size() >= prune_at_) {
+    Prune();
+    prune_at_ = std::max(prune_at_, 2 * kept_.size());
+  }
 }
 
 const std::vector<std::pair<uint16_t, int64_t>>& CandidateFilter::Survivors() {
-  if (k_ > 0) Tighten();
+  Prune();
   return kept_;
 }
 
-// Every sum among the k smallest offered was kept (a dropped one exceeded some k-th smallest
-// sum + margin), so the k-th smallest kept sum is the k-th smallest offered.
-void CandidateFilter::Tighten() {
-  if (kept_.size() >= static_cast<size_t>(k_)) {
-    sums_.resize(kept_.size());
-    for (size_t i = 0; i < kept_.size(); ++i) sums_[i] = kept_[i].first;
-    std::nth_element(sums_.begin(), sums_.begin() + (k_ - 1), sums_.end());
-    kth_sum_ = sums_[k_ - 1];
-    limit_ = static_cast<uint16_t>(std::min<int>(cap_, kth_sum_ + margin_));
-    const uint16_t limit = limit_;
-    kept_.erase(std::remove_if(kept_.begin(), kept_.end(),
-                               [limit](const auto& c) { return c.first > limit; }),
-                kept_.end());
-  }
-  tighten_at_ = kept_.size() + k_;
+void CandidateFilter::Prune() {
+  const uint16_t limit = limit_;
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(),
+                             [limit](const auto& c) { return c.first > limit; }),
+              kept_.end());
 }
 
 AlignedVector<float> TransposeCentroids(const PqCodebook& codebook) {

@@ -51,11 +51,8 @@ struct LutQuantization {
 LutQuantization QuantizeLut(const float* lut, int m_count, Metric metric, uint8_t* table);
 
 // The positions (in scan order) whose quantized sum Q may still be among the k smallest exact
-// costs: Q <= (k-th smallest Q offered) + margin, and Q <= an optional cap. Offer is called
-// block by block. The limit only falls; it is brought down to the k-th smallest sum kept now
-// and then (each time k more positions were kept), not at every offer: a heap of the k
-// smallest sums cost one heap operation per kept position, as much as the scan. Survivors()
-// applies the final limit, so the survivors are those an exact running limit would keep.
+// costs: Q <= (k-th smallest Q offered so far) + margin, and Q <= an optional cap. Offer is
+// called block by block; the limit only falls, so earlier survivors are pruned now and then.
 // Thread-safety: none (one per thread).
 class CandidateFilter {
  public:
@@ -63,33 +60,30 @@ class CandidateFilter {
   // k = 0: the cap alone, no k-th smallest sum kept (for a cap known to be tight already).
   void Reset(int k, int margin, uint16_t cap = kNoLimit);
 
-  // An upper bound of the final limit: positions with larger sums need not be offered.
   uint16_t limit() const { return limit_; }
+  // The k-th smallest sum offered so far; kNoLimit before k sums were offered.
+  uint16_t kth_sum() const {
+    return k_ == 0 || static_cast<int>(smallest_.size()) < k_ ? kNoLimit : smallest_.front();
+  }
 
   // sums: the kAdcBlock sums of the block at `first_position`; below: the lanes to consider.
   void Offer(const uint16_t* sums, uint64_t below, int64_t first_position);
 
-  // The surviving (sum, position) pairs, in the order offered, under the final limit.
+  // The surviving (sum, position) pairs, in the order offered.
   const std::vector<std::pair<uint16_t, int64_t>>& Survivors();
-  // The k-th smallest sum offered if it is within the cap; kNoLimit otherwise (fewer than k
-  // offered within the cap, or k = 0).
-  // REQUIRES: Survivors() was called after the last Offer.
-  uint16_t kth_sum() const { return kth_sum_; }
 
  private:
   static constexpr uint16_t kNoLimit = 65535;
 
-  // Lowers the limit to the k-th smallest kept sum + margin and drops the positions above it.
-  void Tighten();
+  void Prune();
 
   int k_ = 0;
   int margin_ = 0;
   uint16_t cap_ = kNoLimit;
   uint16_t limit_ = kNoLimit;
-  uint16_t kth_sum_ = kNoLimit;
+  std::vector<uint16_t> smallest_;                  // max-heap of the k smallest sums offered
   std::vector<std::pair<uint16_t, int64_t>> kept_;  // (sum, position)
-  std::vector<uint16_t> sums_;                      // Tighten's scratch
-  size_t tighten_at_ = 0;                           // kept_.size() that triggers Tighten
+  size_t prune_at_ = 0;
 };
 
 // The codebook's centroids transposed per sub-quantizer to dsub x 256, the layout AdcLutFn reads.
