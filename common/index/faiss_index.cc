@@ -254,7 +254,7 @@ using Scored = std::pair<float, int64_t>;  // squared distance, id
 // coarse search, nprobe of 1024 centroids, takes 256 samples and then ~50 candidates.)
 void SelectNearest(const float* distances, int64_t ntotal, int64_t kept, std::vector<Scored>& out) {
   const auto nearer = [](const Scored& a, const Scored& b) {
-    return a.first < b.first || (a.first == b.first && a.second < b.second);
+    return RanksBefore(Metric::kL2, a.first, a.second, b.first, b.second);
   };
   out.clear();
   const int64_t samples = std::min<int64_t>(1024, ntotal / 4);
