@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
@@ -30,32 +31,42 @@ std::vector<int64_t> MaxLengths(const model::TransformerModel& model,
   return max_len;
 }
 
-// One decoder step for every live row: log-probabilities after the processor, with padding
-// blocked, EOS blocked before min_len and forced once a row reaches its max length.
-absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
-                                           const model::EncoderOutput& encoder_out,
-                                           model::DecoderState& state, const torch::Tensor& last,
-                                           const std::vector<int64_t>& row_sentence,
-                                           const std::vector<int64_t>& max_len, int64_t step,
-                                           const SearchOptions& options) {
+// The model's log-probabilities for every live row at `step`: the decoder step, BeginStep with
+// its features (a processor may start work that runs while the output projection does), then
+// the projection and softmax. context.log_probs holds the result; FinishLogProbs finishes it.
+absl::Status StartLogProbs(model::TransformerModel& model, const model::EncoderOutput& encoder_out,
+                           model::DecoderState& state, const torch::Tensor& last,
+                           const std::vector<int64_t>& row_sentence, int64_t step,
+                           LogitsProcessor* processor, StepContext& context) {
   model::DecoderOutput out = model->DecodeStep(last, encoder_out, state, /*with_logits=*/false);
-  StepContext context;
+  context = StepContext();
   context.step = step;
   context.features = out.features.squeeze(1);
   context.ffn_in = out.ffn_in.squeeze(1);
   context.sentence = torch::tensor(row_sentence, torch::kLong);
-  if (options.processor != nullptr) RETURN_IF_ERROR(options.processor->BeginStep(context));
+  if (processor != nullptr) RETURN_IF_ERROR(processor->BeginStep(context));
   context.log_probs = torch::log_softmax(model->Logits(context.features).to(torch::kFloat), -1);
+  return absl::OkStatus();
+}
+
+// The step's final log-probabilities: after the processor, with padding blocked, EOS blocked
+// before min_len and forced once a row reaches its max length.
+absl::StatusOr<torch::Tensor> FinishLogProbs(const model::TransformerConfig& config,
+                                             const std::vector<int64_t>& row_sentence,
+                                             const std::vector<int64_t>& max_len,
+                                             const SearchOptions& options,
+                                             LogitsProcessor* processor, StepContext& context) {
+  const int64_t step = context.step;
   const auto expected_shape = context.log_probs.sizes().vec();
-  if (options.processor != nullptr) {
-    RETURN_IF_ERROR(options.processor->Process(context));
+  if (processor != nullptr) {
+    RETURN_IF_ERROR(processor->Process(context));
     if (context.log_probs.sizes().vec() != expected_shape) {
       return absl::InternalError("a logits processor changed the shape of the log-probabilities");
     }
   }
   torch::Tensor lp = context.log_probs.contiguous();
-  const int64_t eos = model->config().eos_id;
-  lp.select(1, model->config().pad_id).fill_(kNegInf);
+  const int64_t eos = config.eos_id;
+  lp.select(1, config.pad_id).fill_(kNegInf);
   if (step < options.min_len) lp.select(1, eos).fill_(kNegInf);
   std::vector<uint8_t> force(row_sentence.size());
   bool any_forced = false;
@@ -71,6 +82,20 @@ absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
     lp.select(1, eos).copy_(torch::where(rows, eos_lp, lp.select(1, eos)));
   }
   return lp;
+}
+
+// Both halves of one step, for the searches that run a batch alone.
+absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
+                                           const model::EncoderOutput& encoder_out,
+                                           model::DecoderState& state, const torch::Tensor& last,
+                                           const std::vector<int64_t>& row_sentence,
+                                           const std::vector<int64_t>& max_len, int64_t step,
+                                           const SearchOptions& options) {
+  StepContext context;
+  RETURN_IF_ERROR(StartLogProbs(model, encoder_out, state, last, row_sentence, step,
+                                options.processor, context));
+  return FinishLogProbs(model->config(), row_sentence, max_len, options, options.processor,
+                        context);
 }
 
 double Normalize(double score, size_t length_with_eos, double length_penalty) {
@@ -138,60 +163,108 @@ absl::StatusOr<std::vector<Hypothesis>> GreedyImpl(model::TransformerModel& mode
   return result;
 }
 
-absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamImpl(model::TransformerModel& model,
-                                                              const torch::Tensor& src_tokens,
-                                                              const SearchOptions& options) {
-  const int64_t batch = src_tokens.size(0);
-  const int64_t k = options.beam_size;
-  const int64_t eos = model->config().eos_id;
-  const std::vector<int64_t> max_len = MaxLengths(model, src_tokens, options);
-  model::EncoderOutput encoder_out = model->Encode(src_tokens);
-  if (options.processor != nullptr) {
-    RETURN_IF_ERROR(options.processor->BeginBatch(src_tokens, encoder_out));
+// Beam search of one batch, a step at a time. StartStep runs the decoder up to the step's
+// log-probabilities (the processor's BeginStep sees the features); FinishStep runs the processor
+// and picks the next hypotheses. Between the two, another batch's steps may run: that is how
+// BeamSearchBatches keeps one batch's retrieval going while the model works on the other.
+// Thread-compatible.
+class BeamBatch {
+ public:
+  // Encodes src_tokens [batch, src_len] and begins the processor's batch. `processor` may be
+  // null; `model` and `processor` must outlive the object.
+  static absl::StatusOr<std::unique_ptr<BeamBatch>> Start(model::TransformerModel& model,
+                                                          const torch::Tensor& src_tokens,
+                                                          const SearchOptions& options,
+                                                          LogitsProcessor* processor) {
+    auto batch = absl::WrapUnique(new BeamBatch(model, src_tokens, options, processor));
+    if (processor != nullptr) {
+      RETURN_IF_ERROR(processor->BeginBatch(src_tokens, batch->encoder_out_));
+    }
+    return batch;
   }
-  model::DecoderState state = model->InitDecoderState(encoder_out);
-  model::ReorderDecoderState(state, torch::arange(batch, torch::kLong).repeat_interleave(k));
 
-  std::vector<std::vector<Hypothesis>> finished(batch);
-  std::vector<int64_t> alive(batch);  // sentences with live rows; row r belongs to alive[r / k]
-  std::iota(alive.begin(), alive.end(), 0);
-  std::vector<Row> rows(batch * k);
-  for (size_t r = 0; r < rows.size(); ++r) rows[r].score = r % k == 0 ? 0.0 : kNegInf;
-  torch::Tensor last = torch::full({batch * k}, eos, torch::kLong);
+  bool done() const { return alive_.empty(); }
 
-  for (int64_t step = 0; !alive.empty(); ++step) {
-    std::vector<int64_t> row_sentence(rows.size());
-    for (size_t r = 0; r < rows.size(); ++r) row_sentence[r] = alive[r / k];
-    ASSIGN_OR_RETURN(torch::Tensor lp, StepLogProbs(model, encoder_out, state, last, row_sentence,
-                                                    max_len, step, options));
+  // REQUIRES: !done(), and every earlier StartStep was followed by FinishStep.
+  absl::Status StartStep() {
+    row_sentence_.resize(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) row_sentence_[r] = alive_[r / beam_];
+    return StartLogProbs(model_, encoder_out_, state_, last_, row_sentence_, step_, processor_,
+                         context_);
+  }
+
+  // REQUIRES: StartStep came before.
+  absl::Status FinishStep() {
+    ASSIGN_OR_RETURN(torch::Tensor lp, FinishLogProbs(model_->config(), row_sentence_, max_len_,
+                                                      options_, processor_, context_));
+    context_ = StepContext();  // releases the step's tensors
+    SelectNext(lp);
+    ++step_;
+    return absl::OkStatus();
+  }
+
+  // options.nbest hypotheses per sentence, best first. REQUIRES: done().
+  std::vector<std::vector<Hypothesis>> TakeHypotheses() {
+    for (auto& done : finished_) {
+      std::stable_sort(done.begin(), done.end(),
+                       [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+      if (static_cast<int>(done.size()) > options_.nbest) done.resize(options_.nbest);
+    }
+    return std::move(finished_);
+  }
+
+ private:
+  BeamBatch(model::TransformerModel& model, const torch::Tensor& src_tokens,
+            const SearchOptions& options, LogitsProcessor* processor)
+      : model_(model),
+        options_(options),
+        processor_(processor),
+        beam_(options.beam_size),
+        max_len_(MaxLengths(model, src_tokens, options)),
+        encoder_out_(model->Encode(src_tokens)),
+        state_(model->InitDecoderState(encoder_out_)) {
+    const int64_t batch = src_tokens.size(0);
+    model::ReorderDecoderState(state_, torch::arange(batch, torch::kLong).repeat_interleave(beam_));
+    finished_.resize(batch);
+    alive_.resize(batch);
+    std::iota(alive_.begin(), alive_.end(), 0);
+    rows_.resize(batch * beam_);
+    for (size_t r = 0; r < rows_.size(); ++r) rows_[r].score = r % beam_ == 0 ? 0.0 : kNegInf;
+    last_ = torch::full({batch * beam_}, model->config().eos_id, torch::kLong);
+  }
+
+  // The next live rows from the step's log-probabilities lp [rows, V].
+  void SelectNext(const torch::Tensor& lp) {
+    const int64_t k = beam_;
+    const int64_t eos = model_->config().eos_id;
     const int64_t vocab = lp.size(1);
-    std::vector<double> scores(rows.size());
-    for (size_t r = 0; r < rows.size(); ++r) scores[r] = rows[r].score;
+    std::vector<double> scores(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) scores[r] = rows_[r].score;
     torch::Tensor cand = (lp + torch::tensor(scores, torch::kDouble).to(torch::kFloat).unsqueeze(1))
-                             .view({static_cast<int64_t>(alive.size()), k * vocab});
+                             .view({static_cast<int64_t>(alive_.size()), k * vocab});
     auto [top_values, top_index] = cand.topk(std::min<int64_t>(2 * k, k * vocab), 1);
     auto values = top_values.accessor<float, 2>();
     auto index = top_index.accessor<int64_t, 2>();
 
     std::vector<Row> next_rows;
     std::vector<int64_t> source_rows, next_tokens, next_alive;
-    for (size_t s = 0; s < alive.size(); ++s) {
-      const int64_t sentence = alive[s];
-      std::vector<Hypothesis>& done = finished[sentence];
+    for (size_t s = 0; s < alive_.size(); ++s) {
+      const int64_t sentence = alive_[s];
+      std::vector<Hypothesis>& done = finished_[sentence];
       int64_t chosen = 0;
       for (int64_t j = 0; j < top_values.size(1) && chosen < k; ++j) {
         const float value = values[s][j];
         if (value == kNegInf) break;
         const int64_t src_row = static_cast<int64_t>(s) * k + index[s][j] / vocab;
         const int64_t token = index[s][j] % vocab;
-        const Row& from = rows[src_row];
+        const Row& from = rows_[src_row];
         const float token_lp = static_cast<float>(value - from.score);
         if (token == eos) {
           // As fairseq: only EOS among the top-k candidates finishes a hypothesis.
           if (j >= k || static_cast<int64_t>(done.size()) >= k) continue;
           Hypothesis hyp{from.tokens, from.log_probs, 0};
           hyp.token_log_probs.push_back(token_lp);
-          hyp.score = Normalize(value, from.tokens.size() + 1, options.length_penalty);
+          hyp.score = Normalize(value, from.tokens.size() + 1, options_.length_penalty);
           done.push_back(std::move(hyp));
           continue;
         }
@@ -218,27 +291,38 @@ absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamImpl(model::Transformer
       }
       next_alive.push_back(sentence);
     }
-    if (next_alive.empty()) break;
+    if (next_alive.empty()) {
+      alive_.clear();
+      return;
+    }
     // Hypotheses move only within their sentence, whose rows share the encoder states: those
     // are copied only when a sentence has left the batch.
     const torch::Tensor reorder = torch::tensor(source_rows, torch::kLong);
-    if (next_alive.size() == alive.size()) {
-      model::ReorderSelfAttentionState(state, reorder);
+    if (next_alive.size() == alive_.size()) {
+      model::ReorderSelfAttentionState(state_, reorder);
     } else {
-      model::ReorderDecoderState(state, reorder);
+      model::ReorderDecoderState(state_, reorder);
     }
-    rows = std::move(next_rows);
-    last = torch::tensor(next_tokens, torch::kLong);
-    alive = std::move(next_alive);
+    rows_ = std::move(next_rows);
+    last_ = torch::tensor(next_tokens, torch::kLong);
+    alive_ = std::move(next_alive);
   }
 
-  for (auto& done : finished) {
-    std::stable_sort(done.begin(), done.end(),
-                     [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
-    if (static_cast<int>(done.size()) > options.nbest) done.resize(options.nbest);
-  }
-  return finished;
-}
+  model::TransformerModel& model_;
+  const SearchOptions& options_;
+  LogitsProcessor* const processor_;
+  const int64_t beam_;
+  const std::vector<int64_t> max_len_;
+  const model::EncoderOutput encoder_out_;
+  model::DecoderState state_;
+  std::vector<std::vector<Hypothesis>> finished_;
+  std::vector<int64_t> alive_;  // sentences with live rows; row r belongs to alive_[r / beam_]
+  std::vector<Row> rows_;
+  torch::Tensor last_;  // [rows] the tokens the next step feeds
+  int64_t step_ = 0;
+  std::vector<int64_t> row_sentence_;  // of the step in flight
+  StepContext context_;                // of the step in flight
+};
 
 torch::Tensor PadBatch(const std::vector<const std::vector<int>*>& rows, int64_t pad_id) {
   size_t longest = 1;
@@ -266,6 +350,49 @@ absl::StatusOr<std::vector<std::vector<int>>> EncodeAll(const Tokenizer& tokeniz
   return encoded;
 }
 
+// BeamSearchBatches without the checks: two batches in flight with options.second_processor,
+// one otherwise, their steps alternating (see BeamBatch).
+absl::StatusOr<std::vector<std::vector<std::vector<Hypothesis>>>> SearchBatches(
+    model::TransformerModel& model, const std::vector<torch::Tensor>& batches,
+    const SearchOptions& options, ProgressBar* progress) {
+  struct Lane {
+    LogitsProcessor* processor = nullptr;
+    std::unique_ptr<BeamBatch> batch;  // null when idle
+    size_t index = 0;                  // of the batch in `batches`
+  };
+  std::vector<Lane> lanes(options.second_processor != nullptr ? 2 : 1);
+  lanes[0].processor = options.processor;
+  if (lanes.size() == 2) lanes[1].processor = options.second_processor;
+  std::vector<std::vector<std::vector<Hypothesis>>> result(batches.size());
+  size_t next = 0;
+  // Starts the lane's next batch and its first step; leaves the lane idle when none is left.
+  auto start = [&](Lane& lane) -> absl::Status {
+    lane.batch.reset();
+    if (next == batches.size()) return absl::OkStatus();
+    lane.index = next++;
+    ASSIGN_OR_RETURN(lane.batch,
+                     BeamBatch::Start(model, batches[lane.index], options, lane.processor));
+    return lane.batch->StartStep();
+  };
+  for (Lane& lane : lanes) RETURN_IF_ERROR(start(lane));
+  for (bool busy = true; busy;) {
+    busy = false;
+    for (Lane& lane : lanes) {
+      if (lane.batch == nullptr) continue;
+      busy = true;
+      RETURN_IF_ERROR(lane.batch->FinishStep());
+      if (!lane.batch->done()) {
+        RETURN_IF_ERROR(lane.batch->StartStep());
+        continue;
+      }
+      result[lane.index] = lane.batch->TakeHypotheses();
+      if (progress != nullptr) progress->Add(static_cast<int64_t>(result[lane.index].size()));
+      RETURN_IF_ERROR(start(lane));
+    }
+  }
+  return result;
+}
+
 }  // namespace
 
 absl::Status ValidateSearchOptions(const SearchOptions& options) {
@@ -281,15 +408,27 @@ absl::Status ValidateSearchOptions(const SearchOptions& options) {
     return absl::InvalidArgumentError("max length coefficients must be >= 0");
   }
   if (options.min_len < 0) return absl::InvalidArgumentError("min length must be >= 0");
+  if (options.second_processor != nullptr &&
+      (options.processor == nullptr || options.second_processor == options.processor)) {
+    return absl::InvalidArgumentError(
+        "a second logits processor needs a first one, and a different one (one per batch)");
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamSearch(model::TransformerModel& model,
                                                                 const torch::Tensor& src_tokens,
                                                                 const SearchOptions& options) {
+  ASSIGN_OR_RETURN(auto nbest, BeamSearchBatches(model, {src_tokens}, options));
+  return std::move(nbest[0]);
+}
+
+absl::StatusOr<std::vector<std::vector<std::vector<Hypothesis>>>> BeamSearchBatches(
+    model::TransformerModel& model, const std::vector<torch::Tensor>& batches,
+    const SearchOptions& options, ProgressBar* progress) {
   RETURN_IF_ERROR(ValidateSearchOptions(options));
   torch::NoGradGuard no_grad;
-  return CatchTorch([&] { return BeamImpl(model, src_tokens, options); });
+  return CatchTorch([&] { return SearchBatches(model, batches, options, progress); });
 }
 
 absl::StatusOr<std::vector<Hypothesis>> GreedySearch(model::TransformerModel& model,
@@ -324,30 +463,34 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return encoded[a].size() > encoded[b].size(); });
-  std::vector<std::string> output(texts.size());
-  TranslateStats local;
+  std::vector<torch::Tensor> batches;
   for (size_t begin = 0; begin < order.size(); begin += batch_size) {
     const size_t end = std::min(order.size(), begin + static_cast<size_t>(batch_size));
     std::vector<const std::vector<int>*> rows;
     for (size_t i = begin; i < end; ++i) rows.push_back(&encoded[order[i]]);
-    torch::Tensor src = PadBatch(rows, config.pad_id);
-    std::vector<std::vector<int>> best(rows.size());
-    if (options.beam_size == 1) {
-      ASSIGN_OR_RETURN(std::vector<Hypothesis> hyps, GreedySearch(model, src, options));
-      for (size_t r = 0; r < hyps.size(); ++r) best[r] = std::move(hyps[r].tokens);
-    } else {
-      ASSIGN_OR_RETURN(auto nbest, BeamSearch(model, src, options));
-      for (size_t r = 0; r < nbest.size(); ++r) {
-        if (!nbest[r].empty()) best[r] = std::move(nbest[r][0].tokens);
-      }
-    }
-    for (size_t r = 0; r < best.size(); ++r) {
-      ASSIGN_OR_RETURN(output[order[begin + r]], tokenizer.Decode(best[r]));
-      local.generated_tokens += static_cast<int64_t>(best[r].size());
-    }
-    local.sentences += static_cast<int64_t>(rows.size());
-    if (progress != nullptr) progress->Add(static_cast<int64_t>(rows.size()));
+    batches.push_back(PadBatch(rows, config.pad_id));
   }
+  // best[i]: the best hypothesis of the i-th sentence in `order`.
+  std::vector<std::vector<int>> best;
+  if (options.beam_size == 1) {
+    for (const torch::Tensor& batch : batches) {
+      ASSIGN_OR_RETURN(std::vector<Hypothesis> hyps, GreedySearch(model, batch, options));
+      for (Hypothesis& hyp : hyps) best.push_back(std::move(hyp.tokens));
+      if (progress != nullptr) progress->Add(static_cast<int64_t>(hyps.size()));
+    }
+  } else {
+    ASSIGN_OR_RETURN(auto nbest, BeamSearchBatches(model, batches, options, progress));
+    for (auto& batch : nbest) {
+      for (auto& hyps : batch) best.push_back(hyps.empty() ? std::vector<int>() : hyps[0].tokens);
+    }
+  }
+  std::vector<std::string> output(texts.size());
+  TranslateStats local;
+  for (size_t i = 0; i < best.size(); ++i) {
+    ASSIGN_OR_RETURN(output[order[i]], tokenizer.Decode(best[i]));
+    local.generated_tokens += static_cast<int64_t>(best[i].size());
+  }
+  local.sentences = static_cast<int64_t>(best.size());
   if (stats != nullptr) *stats = local;
   return output;
 }

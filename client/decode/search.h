@@ -60,6 +60,10 @@ struct SearchOptions {
   int64_t min_len = 1;                   // EOS is blocked before this many tokens
   int nbest = 1;                         // hypotheses returned per sentence (<= beam_size)
   LogitsProcessor* processor = nullptr;  // not owned; may be null
+  // BeamSearchBatches (and TranslateTexts with beam search): when set, two batches are
+  // decoded at a time, the second with this processor. Not owned; may be null; when set,
+  // processor must be set too, and to another object (a processor follows one batch).
+  LogitsProcessor* second_processor = nullptr;
 };
 
 struct Hypothesis {
@@ -76,6 +80,15 @@ absl::Status ValidateSearchOptions(const SearchOptions& options);
 absl::StatusOr<std::vector<std::vector<Hypothesis>>> BeamSearch(model::TransformerModel& model,
                                                                 const torch::Tensor& src_tokens,
                                                                 const SearchOptions& options);
+
+// Beam search of several batches (each [batch_i, src_len_i] as for BeamSearch): result[i] is
+// what BeamSearch finds for batches[i] alone. With options.second_processor two batches are in
+// flight, the second with that processor, and their steps alternate, so that one batch's
+// retrieval (started in BeginStep) runs while the model computes the other batch's step.
+// `progress` (may be null) counts finished sentences.
+absl::StatusOr<std::vector<std::vector<std::vector<Hypothesis>>>> BeamSearchBatches(
+    model::TransformerModel& model, const std::vector<torch::Tensor>& batches,
+    const SearchOptions& options, ProgressBar* progress = nullptr);
 
 // Greedy search (argmax each step) for a batch; one hypothesis per sentence.
 absl::StatusOr<std::vector<Hypothesis>> GreedySearch(model::TransformerModel& model,

@@ -151,6 +151,17 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
   return absl::OkStatus();
 }
 
+void KnnStats::Add(const KnnStats& other) {
+  batches += other.batches;
+  steps += other.steps;
+  query_rows += other.query_rows;
+  subset_sentences += other.subset_sentences;
+  select_time += other.select_time;
+  retrieval_time += other.retrieval_time;
+  search_time += other.search_time;
+  interpolate_time += other.interpolate_time;
+}
+
 struct KnnLogitsProcessor::PendingStep {
   torch::Tensor features;  // a QueryTensor
   std::vector<int32_t> row_group;

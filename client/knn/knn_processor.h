@@ -72,6 +72,8 @@ struct KnnStats {
   absl::Duration search_time;       // the Search calls themselves (network or in-process
                                     // engine), from BeginStep on, partly while the model ran
   absl::Duration interpolate_time;  // p_kNN and the interpolation
+
+  void Add(const KnnStats& other);
 };
 
 // With options.overlap_search, each step's search starts at BeginStep on a worker thread and

@@ -2,9 +2,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -162,6 +165,79 @@ TEST(SearchTest, ProcessorErrorsStopTheSearch) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("router down")));
 }
 
+// Logs its calls ("A begin-batch", "A begin-step 0", "A process 0", ...) into a shared log
+// and, like kNN-MT, rewrites the scores from the features: the token whose logit the features'
+// sum picks gets a bonus, so the output depends on every step's features reaching Process.
+class LoggingProcessor : public LogitsProcessor {
+ public:
+  LoggingProcessor(std::string name, std::vector<std::string>* log)
+      : name_(std::move(name)), log_(log) {}
+  absl::Status BeginBatch(const torch::Tensor&, const model::EncoderOutput&) override {
+    log_->push_back(name_ + " begin-batch");
+    return absl::OkStatus();
+  }
+  absl::Status BeginStep(const StepContext& context) override {
+    log_->push_back(absl::StrCat(name_, " begin-step ", context.step));
+    return absl::OkStatus();
+  }
+  absl::Status Process(StepContext& context) override {
+    log_->push_back(absl::StrCat(name_, " process ", context.step));
+    const torch::Tensor pick =
+        (context.features.sum(1) * 1000).abs().to(torch::kLong) % context.log_probs.size(1);
+    context.log_probs = context.log_probs.scatter_add(
+        1, pick.unsqueeze(1), torch::full({context.log_probs.size(0), 1}, 3.0f));
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::string name_;
+  std::vector<std::string>* const log_;
+};
+
+TEST(SearchTest, InterleavedBatchesFindWhatEachBatchFindsAlone) {
+  model::TransformerModel model = TinyModel();
+  const std::vector<torch::Tensor> batches = {RandomSources({6, 3, 8}, 40, 1),
+                                              RandomSources({5, 7}, 40, 2),
+                                              RandomSources({4, 9, 2, 6}, 40, 3)};
+  std::vector<std::string> log;
+  LoggingProcessor alone("alone", &log), first("A", &log), second("B", &log);
+  SearchOptions options;
+  options.beam_size = 3;
+  options.nbest = 2;
+  options.processor = &alone;
+  std::vector<std::vector<std::vector<Hypothesis>>> expected;
+  for (const torch::Tensor& batch : batches) {
+    ASSERT_OK_AND_ASSIGN(auto nbest, BeamSearch(model, batch, options));
+    expected.push_back(std::move(nbest));
+  }
+  options.processor = &first;
+  options.second_processor = &second;
+  log.clear();
+  ASSERT_OK_AND_ASSIGN(auto interleaved, BeamSearchBatches(model, batches, options));
+  ASSERT_EQ(interleaved.size(), batches.size());
+  for (size_t b = 0; b < batches.size(); ++b) {
+    ASSERT_EQ(interleaved[b].size(), expected[b].size());
+    for (size_t s = 0; s < expected[b].size(); ++s) {
+      ASSERT_EQ(interleaved[b][s].size(), expected[b][s].size());
+      for (size_t h = 0; h < expected[b][s].size(); ++h) {
+        EXPECT_EQ(interleaved[b][s][h].tokens, expected[b][s][h].tokens);
+        EXPECT_EQ(interleaved[b][s][h].score, expected[b][s][h].score);
+      }
+    }
+  }
+  // The second batch's step runs between the first batch's BeginStep and Process: that is
+  // where a processor's retrieval overlaps the model.
+  ASSERT_GE(log.size(), 8u);
+  EXPECT_EQ(std::vector<std::string>(log.begin(), log.begin() + 8),
+            (std::vector<std::string>{"A begin-batch", "A begin-step 0", "B begin-batch",
+                                      "B begin-step 0", "A process 0", "A begin-step 1",
+                                      "B process 0", "B begin-step 1"}));
+  // The third batch went to whichever processor finished first.
+  EXPECT_EQ(std::count(log.begin(), log.end(), "A begin-batch") +
+                std::count(log.begin(), log.end(), "B begin-batch"),
+            3);
+}
+
 TEST(SearchTest, InvalidOptionsAreRejected) {
   model::TransformerModel model = TinyModel();
   SearchOptions options;
@@ -172,6 +248,16 @@ TEST(SearchTest, InvalidOptionsAreRejected) {
   options.beam_size = 0;
   EXPECT_THAT(GreedySearch(model, RandomSources({4}, 40), options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beam size")));
+  std::vector<std::string> log;
+  LoggingProcessor processor("A", &log);
+  options = SearchOptions();
+  options.second_processor = &processor;
+  EXPECT_THAT(BeamSearch(model, RandomSources({4}, 40), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("second logits processor")));
+  options.processor = &processor;
+  EXPECT_THAT(BeamSearchBatches(model, {RandomSources({4}, 40)}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one per batch")));
+  EXPECT_TRUE(log.empty());
 }
 
 }  // namespace

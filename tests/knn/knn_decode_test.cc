@@ -239,6 +239,68 @@ TEST_F(KnnDecodeTest, RemoteAndEmbeddedTranslationsAreIdentical) {
             Decode(*model_, src, local_processor.get(), 5));
 }
 
+// The test pairs' sources in batches of 16 (the last one shorter), as TranslateTexts cuts them.
+std::vector<torch::Tensor> SourceBatches(const std::vector<TokenPair>& pairs) {
+  std::vector<torch::Tensor> batches;
+  for (size_t begin = 0; begin < pairs.size(); begin += 16) {
+    const size_t end = std::min(pairs.size(), begin + 16);
+    batches.push_back(
+        SourceBatch(std::vector<TokenPair>(pairs.begin() + begin, pairs.begin() + end)));
+  }
+  return batches;
+}
+
+// Best hypotheses of every batch, batch after batch.
+std::vector<std::vector<int>> DecodeBatches(model::TransformerModel& model,
+                                            const std::vector<torch::Tensor>& batches,
+                                            decode::LogitsProcessor* first,
+                                            decode::LogitsProcessor* second) {
+  decode::SearchOptions options;
+  options.processor = first;
+  options.second_processor = second;
+  absl::StatusOr<std::vector<std::vector<std::vector<decode::Hypothesis>>>> nbest =
+      decode::BeamSearchBatches(model, batches, options);
+  EXPECT_OK(nbest.status());
+  std::vector<std::vector<int>> out;
+  if (!nbest.ok()) return out;
+  for (const auto& batch : *nbest) {
+    for (const auto& n : batch) out.push_back(n.empty() ? std::vector<int>() : n[0].tokens);
+  }
+  return out;
+}
+
+// Two batches in flight, each with its own processor (session), their steps alternating:
+// embedded full and subset kNN-MT and subset kNN-MT through the router translate exactly as
+// one batch at a time does.
+TEST_F(KnnDecodeTest, InterleavedBatchesTranslateAsOneBatchAtATime) {
+  const std::vector<torch::Tensor> batches = SourceBatches(*pairs_);
+  ASSERT_EQ(batches.size(), 4u);
+  const knn::KnnOptions options = RemoteTestOptions();
+  ASSERT_OK_AND_ASSIGN(auto selector,
+                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir, 8, 1));
+  auto local_flat = Local(*flat_);
+  auto local_pq = Local(*pq_);
+  Cluster cluster(*pq_, 1);
+  auto remote_pq = cluster.Retriever();
+  struct Case {
+    const char* name;
+    knn::Retriever* retriever;
+    knn::SubsetSelector* selector;
+  };
+  for (const Case& c : {Case{"embedded full", local_flat.get(), nullptr},
+                        Case{"embedded subset", local_pq.get(), selector.get()},
+                        Case{"remote subset", remote_pq.get(), selector.get()}}) {
+    auto alone = MakeProcessor(c.retriever, options, c.selector);
+    const auto expected = DecodeBatches(*model_, batches, alone.get(), nullptr);
+    auto first = MakeProcessor(c.retriever, options, c.selector);
+    auto second = MakeProcessor(c.retriever, options, c.selector);
+    EXPECT_EQ(DecodeBatches(*model_, batches, first.get(), second.get()), expected) << c.name;
+    EXPECT_EQ(first->stats().batches + second->stats().batches, 4) << c.name;
+    EXPECT_GE(second->stats().batches, 1) << c.name;
+    EXPECT_EQ(first->stats().steps + second->stats().steps, alone->stats().steps) << c.name;
+  }
+}
+
 // batch x beam query rows per step above the router's max_rows: the processor sends each step
 // in pieces and the translation does not change.
 TEST_F(KnnDecodeTest, StepsLargerThanTheRouterAcceptsAreSentInPieces) {
