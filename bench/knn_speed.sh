@@ -9,7 +9,11 @@
 #   bench/knn_speed.sh [SENTENCES]       (default 200 office test sentences)
 #
 # Environment: BUILD (build), DEMO_DIR (runs/knn-demo), BATCHES ("1 16 64"), ROUNDS (2), BEAM (5),
-# THREADS (2), PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (8).
+# THREADS (2), REMOTE_THREADS (1), PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (8).
+# The remote modes' decoder runs with REMOTE_THREADS threads: the router and the shards run on
+# the same machine and need the other core (and the decoder interleaves two batches, the default
+# with --router, so that one batch's retrieval runs while the model computes the other's step);
+# REMOTE_THREADS=$THREADS compares every mode at the same thread count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SENTENCES=${1:-200}
@@ -19,6 +23,7 @@ BATCHES=${BATCHES:-1 16 64}
 ROUNDS=${ROUNDS:-2}
 BEAM=${BEAM:-5}
 THREADS=${THREADS:-2}
+REMOTE_THREADS=${REMOTE_THREADS:-1}
 PORT=${PORT:-6450}
 KNN_PARAMS=${KNN_PARAMS:-scripts/demo-knn.json}
 NPROBE=${NPROBE:-8}
@@ -35,32 +40,35 @@ CLUSTER=$OUT/cluster
 trap 'deploy/local/down.sh -d "$CLUSTER" >&2 || true' EXIT
 address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$PORT" -d "$CLUSTER")
 
-run() {  # name batch flags...
-  local name=$1 batch=$2; shift 2
+run() {  # name batch threads flags...
+  local name=$1 batch=$2 threads=$3; shift 3
   echo "bench: $name batch $batch round $round" >&2
   "$KNNSERVE" translate --model "$MODEL" --input "$OUT/input.tsv" --output "$OUT/$name-$batch.txt" \
-    --beam "$BEAM" --batch-size "$batch" --threads "$THREADS" \
+    --beam "$BEAM" --batch-size "$batch" --threads "$threads" \
     --stats-json "$OUT/$name-$batch-$round.json" "$@" 2>> "$OUT/log.txt"
 }
 KNN=(--knn-config "$KNN_PARAMS" --knn-nprobe "$NPROBE")
 for batch in $BATCHES; do
   for round in $(seq "$ROUNDS"); do
-    run base "$batch" --mode base
-    run knn-embedded "$batch" --mode knn --datastore "$DATASTORE" "${KNN[@]}"
-    run knn-remote "$batch" --mode knn --datastore "$DATASTORE" --router "$address" "${KNN[@]}"
-    run subset-embedded "$batch" --mode subset-knn --datastore "$DATASTORE" "${KNN[@]}"
-    run subset-remote "$batch" --mode subset-knn --datastore "$DATASTORE" --router "$address" \
-      "${KNN[@]}"
+    run base "$batch" "$THREADS" --mode base
+    run knn-embedded "$batch" "$THREADS" --mode knn --datastore "$DATASTORE" "${KNN[@]}"
+    run knn-remote "$batch" "$REMOTE_THREADS" --mode knn --datastore "$DATASTORE" \
+      --router "$address" "${KNN[@]}"
+    run subset-embedded "$batch" "$THREADS" --mode subset-knn --datastore "$DATASTORE" "${KNN[@]}"
+    run subset-remote "$batch" "$REMOTE_THREADS" --mode subset-knn --datastore "$DATASTORE" \
+      --router "$address" "${KNN[@]}"
   done
 done
 
-/usr/bin/python3 - "$OUT" "$BATCHES" "$SENTENCES" "$BEAM" "$ROUNDS" <<'EOF'
+/usr/bin/python3 - "$OUT" "$BATCHES" "$SENTENCES" "$BEAM" "$ROUNDS" "$THREADS" "$REMOTE_THREADS" \
+  <<'EOF'
 import json, sys
 out, batches, sentences, beam = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
-rounds = int(sys.argv[5])
+rounds, threads, remote_threads = int(sys.argv[5]), sys.argv[6], sys.argv[7]
 names = ["base", "knn-embedded", "knn-remote", "subset-embedded", "subset-remote"]
 print(f"\n{sentences} office test sentences, beam {beam}; tokens/s of each mode's fastest of "
-      f"{rounds} interleaved rounds (ratio to base; retrieval share)\n")
+      f"{rounds} interleaved rounds (ratio to base; retrieval share); decoder threads "
+      f"{threads}, remote modes {remote_threads}\n")
 print("| batch | " + " | ".join(names) + " |")
 print("|---" * (len(names) + 1) + "|")
 for b in batches:

@@ -21,7 +21,9 @@
 #      sentences where kNN-MT changed the translation; stop the servers
 #
 # Environment: BUILD (default build), DEMO_DIR (runs/knn-demo), DEMO_SENTENCES (test sentences,
-# default all 1000), THREADS (2), BEAM (5), BATCH (64), PORT (router port, 6400).
+# default all 1000), THREADS (2), REMOTE_THREADS (decoder threads of kNN-MT through the router,
+# 1: the servers on this machine take the other core), BEAM (5), BATCH (64), PORT (router port,
+# 6400).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +31,7 @@ EMBEDDED=0
 for arg in "$@"; do
   case $arg in
     --embedded) EMBEDDED=1 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +39,7 @@ done
 BUILD=${BUILD:-build}
 DEMO_DIR=${DEMO_DIR:-runs/knn-demo}
 THREADS=${THREADS:-2}
+REMOTE_THREADS=${REMOTE_THREADS:-1}
 BEAM=${BEAM:-5}
 BATCH=${BATCH:-64}
 PORT=${PORT:-6400}
@@ -104,23 +107,24 @@ cat "$KNN_PARAMS" >&2
 ROUTER=()
 if [[ $EMBEDDED == 1 ]]; then
   step "6/7 embedded mode: no servers, the index is searched in-process"
-  WHERE=(--datastore "$DATASTORE")
+  WHERE=(--datastore "$DATASTORE" --threads "$THREADS")
 else
   step "6/7 2 shard servers + router on 127.0.0.1:$PORT"
   CLUSTER=$DEMO_DIR/cluster
   if [[ -s $CLUSTER/pids ]]; then deploy/local/down.sh -d "$CLUSTER" >&2 || true; fi
   trap 'deploy/local/down.sh -d "$CLUSTER" >&2 || true' EXIT
   address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$PORT" -d "$CLUSTER")
-  WHERE=(--datastore "$DATASTORE" --router "$address")
+  # The decoder interleaves two batches (one's retrieval runs while the model computes the
+  # other's step) and leaves the servers a core (docs/knn.md).
+  WHERE=(--datastore "$DATASTORE" --router "$address" --threads "$REMOTE_THREADS")
   ROUTER=(router "$address")
 fi
 
 step "7/7 translate $(wc -l < "$TEST") office test sentences: base, kNN-MT, subset kNN-MT"
-COMMON=(--model "$MODEL" --input "$TEST" --beam "$BEAM" --batch-size "$BATCH"
-        --threads "$THREADS")
+COMMON=(--model "$MODEL" --input "$TEST" --beam "$BEAM" --batch-size "$BATCH")
 KNN=(--knn-config "$KNN_PARAMS" --knn-nprobe "$NPROBE")
-"$KNNSERVE" translate "${COMMON[@]}" --mode base --output "$DEMO_DIR/out/base.txt" \
-  --stats-json "$DEMO_DIR/out/base.json"
+"$KNNSERVE" translate "${COMMON[@]}" --mode base --threads "$THREADS" \
+  --output "$DEMO_DIR/out/base.txt" --stats-json "$DEMO_DIR/out/base.json"
 "$KNNSERVE" translate "${COMMON[@]}" --mode knn "${WHERE[@]}" "${KNN[@]}" \
   --output "$DEMO_DIR/out/knn.txt" --stats-json "$DEMO_DIR/out/knn.json"
 "$KNNSERVE" translate "${COMMON[@]}" --mode subset-knn "${WHERE[@]}" "${KNN[@]}" \

@@ -44,10 +44,10 @@ struct RetrievalFlags {
   std::string knn_config;  // JSON written by `knnserve tune`; explicit flags win
   int subset_sentences = 512;
   std::string sentence_index;
-  // Embedded mode: threads of a step's search (0: auto, see SearchThreads).
+  // Embedded mode: threads of a step's search (0: auto, see PlanThreads).
   int search_threads = 0;
   // Whether beam search decodes two batches at a time, alternating their steps
-  // (decode::BeamSearchBatches): auto | on | off. auto: on with --router (see Interleaves).
+  // (decode::BeamSearchBatches): auto | on | off (auto: see PlanThreads).
   std::string interleave_batches = "auto";
   knn::RemoteRetrieverOptions remote;
   int64_t step_deadline_ms = 10000;
@@ -62,17 +62,19 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "values; its index/ is searched in-process unless --router or --index");
   cmd->add_option("--index", f->index_dir, "embedded retrieval: index directory (no servers)");
   cmd->add_option("--search-threads", f->search_threads,
-                  "embedded retrieval: threads of each step's search. Fewer than --threads: "
-                  "the search runs beside the model while it computes the step's "
-                  "log-probabilities; as many: after it. 0: 1 for --mode knn with batch x "
-                  "beam <= 80 query rows, else --threads")
+                  "embedded retrieval: threads of each step's search. With interleaved "
+                  "batches the model gets the other --threads (0: 1); otherwise fewer than "
+                  "--threads: the search runs beside the model while it computes the step's "
+                  "log-probabilities; as many: after it (0: 1 for --mode knn with batch x "
+                  "beam <= 80 query rows, else --threads)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   cmd->add_option("--interleave-batches", f->interleave_batches,
                   "auto | on | off: beam search decodes two batches at a time and alternates "
                   "their steps, so that one batch's retrieval runs while the model computes the "
                   "other's step (the same translations as one batch at a time). auto: on with "
-                  "--router, off embedded")
+                  "--router, and embedded for subset-knn with batch x beam <= 40 query rows "
+                  "and --threads >= 2")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--router", f->router, "remote retrieval: router address host:port");
@@ -156,33 +158,59 @@ absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
 // thread beside the model's. Measured on 2 cores, beam 5, interleaved: overlapping the full
 // search paid at batch 1 and 16 (1.06-1.31x), where neither it nor the model's products keep
 // both cores busy, and cost at batch 64 (the threads contend). Overlapping the subset search
-// cost at batch 16 (0.87-0.89x) and was neutral at batch 1, so it runs after the model, on all
-// threads.
+// within a step cost at batch 16 (0.87-0.89x) and was neutral at batch 1.
 constexpr int64_t kOverlapStepRows = 80;
 
-// Interleaving pays where the retrieval does not take the model's cores: measured on 2 cores
-// (300 office sentences, beam 5, two rounds), through the demo's router and shards with the
-// decoder at --threads 1 it took kNN-MT at batch 16 from 656 / 621 to 743 / 692 tokens/s and
-// subset kNN-MT from 660 / 583 to 828 / 640 (at batch 64 level: 712 vs 709, 787 vs 783),
-// against --threads 2 one batch at a time. Embedded, the search competes with the model for the
-// same cores: at --threads 2 every step's search and the model's parallel regions preempt each
-// other (subset kNN-MT, batch 64, 100 sentences: 2.64-2.69 s against 2.39-2.55 s), and at
-// --threads 1 beside a one-thread search it was level or slower (subset kNN-MT 764 / 723
-// against 797 / 757 at batch 16).
-bool Interleaves(const RetrievalFlags& flags) {
-  if (flags.interleave_batches == "auto") return !flags.router.empty();
-  return flags.interleave_batches == "on";
-}
+// Up to this many query rows per step, embedded subset kNN-MT interleaves two batches with the
+// cores split between the model and the search: where the model's products are too small to
+// keep two cores busy, the other batch's search takes the second core. Measured on 2 cores,
+// beam 5, two rounds each, against --threads 2 one batch at a time: 463 / 474 -> 608 / 603
+// tokens/s at batch 4 (base 622 / 619), 669 / 650 -> 702 / 676 at batch 8, 227 / 224 -> 279 /
+// 314 at batch 1; at batch 16 it cost (797 / 757 -> 764 / 723, 300 sentences).
+constexpr int64_t kInterleaveStepRows = 40;
 
-int SearchThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
-  if (flags.search_threads > 0) return flags.search_threads;
-  return flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1 : threads;
+// How a decoding run uses --threads.
+struct ThreadPlan {
+  int model_threads = 1;    // LibTorch's
+  int search_threads = 1;   // the embedded search's (unused with --router)
+  bool interleave = false;  // two batches in flight (decode::BeamSearchBatches)
+};
+
+// Interleaving pays where the retrieval does not take the model's cores. Through the demo's
+// router and shards on 2 cores, with the decoder at --threads 1 (the servers take the other
+// core; 300 office sentences, beam 5, two rounds), it took kNN-MT at batch 16 from 656 / 621 to
+// 743 / 692 tokens/s and subset kNN-MT from 660 / 583 to 828 / 640 (at batch 64 level: 712 vs
+// 709, 787 vs 783) against --threads 2 one batch at a time. Embedded, the search runs on cores
+// the model would use: beside a model at --threads 2 every search and the model's parallel
+// regions preempt each other (subset kNN-MT, batch 64: 2.64-2.69 s against 2.39-2.55 s), so an
+// interleaving embedded run gives the search its own threads, and does so by default only for
+// small steps (kInterleaveStepRows).
+ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
+  ThreadPlan plan;
+  plan.model_threads = threads;
+  if (flags.mode == "base") return plan;
+  const bool embedded = flags.router.empty();
+  plan.interleave = flags.interleave_batches == "auto"
+                        ? !embedded || (flags.mode == "subset-knn" && threads >= 2 &&
+                                        step_rows <= kInterleaveStepRows)
+                        : flags.interleave_batches == "on";
+  if (!embedded) return plan;
+  if (plan.interleave) {
+    plan.search_threads = flags.search_threads > 0 ? flags.search_threads : 1;
+    plan.model_threads = std::max(1, threads - plan.search_threads);
+  } else if (flags.search_threads > 0) {
+    plan.search_threads = flags.search_threads;
+  } else {
+    plan.search_threads = flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1 : threads;
+  }
+  return plan;
 }
 
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
-// selector for subset-knn, and a processor with flags.knn. step_rows: batch size x beam.
+// selector for subset-knn (searching on `threads`), and processors with flags.knn, as `plan`
+// says.
 absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads,
-                                 int64_t step_rows) {
+                                 const ThreadPlan& plan) {
   KnnSetup setup;
   if (flags.mode == "base") return setup;
   if (!flags.datastore.empty()) {
@@ -197,9 +225,9 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
         " needs exactly one of --index DIR or --datastore DIR (embedded) or --router ADDR"));
   }
   if (!flags.index_dir.empty()) {
-    const int search_threads = SearchThreads(flags, threads, step_rows);
-    ASSIGN_OR_RETURN(setup.retriever, knn::LocalRetriever::Create(flags.index_dir, search_threads));
-    flags.knn.overlap_search = Interleaves(flags) || search_threads < threads;
+    ASSIGN_OR_RETURN(setup.retriever,
+                     knn::LocalRetriever::Create(flags.index_dir, plan.search_threads));
+    flags.knn.overlap_search = plan.interleave || plan.search_threads < plan.model_threads;
   } else {
     flags.remote.address = flags.router;
     flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);
@@ -217,7 +245,7 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
     ASSIGN_OR_RETURN(setup.selector,
                      knn::SentenceIndexSelector::Load(path, flags.subset_sentences, threads));
   }
-  setup.interleave = Interleaves(flags);
+  setup.interleave = plan.interleave;
   RETURN_IF_ERROR(ResetProcessor(flags.knn, setup));
   return setup;
 }
@@ -297,14 +325,15 @@ struct TranslateFlags {
 void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   AdviseWaitPolicy();
   KeepFreedMemory();
+  const ThreadPlan plan =
+      PlanThreads(flags.retrieval, flags.threads, flags.batch_size * flags.search.beam_size);
   // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (the embedded search
-  // sets its own count, --search-threads, per call).
-  at::set_num_threads(flags.threads);
+  // sets its own count per call).
+  at::set_num_threads(plan.model_threads);
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
-  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads,
-                                         flags.batch_size * flags.search.beam_size);
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads, plan);
   ExitOnError(knn.status());
   const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
   absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);
@@ -324,9 +353,14 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   std::ostream& out = flags.output == "-" ? std::cout : file;
   for (const std::string& line : *hyps) out << line << "\n";
   out.flush();
-  std::fprintf(stderr, "%s (beam %d, batch %lld, %d threads)\n",
+  std::string threads = absl::StrCat(flags.threads, " threads: model ", plan.model_threads);
+  if (knn->retriever != nullptr && flags.retrieval.router.empty()) {
+    absl::StrAppend(&threads, ", search ", plan.search_threads);
+  }
+  if (plan.interleave) absl::StrAppend(&threads, ", two batches interleaved");
+  std::fprintf(stderr, "%s (beam %d, batch %lld, %s)\n",
                FormatReport(flags.retrieval.mode, report).c_str(), flags.search.beam_size,
-               static_cast<long long>(flags.batch_size), flags.threads);
+               static_cast<long long>(flags.batch_size), threads.c_str());
   if (!flags.stats_json.empty()) {
     nlohmann::json json = {
         {"mode", flags.retrieval.mode},
@@ -411,8 +445,10 @@ struct TunePoint {
 
 void RunTune(TuneFlags& flags) {
   KeepFreedMemory();
-  at::set_num_threads(flags.threads);
   if (flags.retrieval.mode == "base") flags.retrieval.mode = "knn";
+  const ThreadPlan plan =
+      PlanThreads(flags.retrieval, flags.threads, flags.batch_size * flags.beam);
+  at::set_num_threads(plan.model_threads);
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
   std::vector<std::string> refs;
@@ -428,8 +464,7 @@ void RunTune(TuneFlags& flags) {
   }
   decode::SearchOptions search;
   search.beam_size = flags.beam;
-  absl::StatusOr<KnnSetup> knn =
-      MakeKnn(flags.retrieval, flags.model, flags.threads, flags.batch_size * flags.beam);
+  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads, plan);
   ExitOnError(knn.status());
   KnnSetup base;
   auto score = [&](KnnSetup& setup) -> double {
