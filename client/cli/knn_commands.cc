@@ -161,19 +161,20 @@ absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
 // within a step cost at batch 16 (0.87-0.89x) and was neutral at batch 1.
 constexpr int64_t kOverlapStepRows = 80;
 
-// Up to this many query rows per step, embedded subset kNN-MT interleaves two batches with the
-// cores split between the model and the search: where the model's products are too small to
-// keep two cores busy, the other batch's search takes the second core. Measured on 2 cores,
-// beam 5, two rounds each, against --threads 2 one batch at a time: 463 / 474 -> 608 / 603
-// tokens/s at batch 4 (base 622 / 619), 669 / 650 -> 702 / 676 at batch 8, 227 / 224 -> 279 /
-// 314 at batch 1; at batch 16 it cost (797 / 757 -> 764 / 723, 300 sentences).
-constexpr int64_t kInterleaveStepRows = 40;
+// Up to this many query rows per step (batch x beam), the model runs on one thread: its products
+// are too small for a second OpenMP thread to repay the synchronization on these machines.
+// Measured with base MT on 2 cores (200 office sentences, beam 5, two rounds), --threads 1
+// against 2: 360 / 382 against 319 / 322 tokens/s at batch 1, 760 / 768 against 675 / 691 at
+// batch 4, 889 / 903 against 882 / 871 at batch 8; at batch 16 level (966 / 959 against
+// 1035 / 823), at batch 64 two threads are ~1.2x faster.
+constexpr int64_t kOneModelThreadStepRows = 40;
 
 // How a decoding run uses --threads.
 struct ThreadPlan {
   int model_threads = 1;    // LibTorch's
   int search_threads = 1;   // the embedded search's (unused with --router)
   bool interleave = false;  // two batches in flight (decode::BeamSearchBatches)
+  bool overlap = false;     // a step's search starts at BeginStep, on the processor's worker
 };
 
 // Interleaving pays where the retrieval does not take the model's cores. Through the demo's
@@ -182,27 +183,34 @@ struct ThreadPlan {
 // 743 / 692 tokens/s and subset kNN-MT from 660 / 583 to 828 / 640 (at batch 64 level: 712 vs
 // 709, 787 vs 783) against --threads 2 one batch at a time. Embedded, the search runs on cores
 // the model would use: beside a model at --threads 2 every search and the model's parallel
-// regions preempt each other (subset kNN-MT, batch 64: 2.64-2.69 s against 2.39-2.55 s), so an
-// interleaving embedded run gives the search its own threads, and does so by default only for
-// small steps (kInterleaveStepRows).
+// regions preempt each other (subset kNN-MT, batch 64: 2.64-2.69 s against 2.39-2.55 s), and
+// beside a one-thread model at batch 16 it cost too (797 / 757 -> 764 / 723 tokens/s). Where
+// the model keeps to one thread anyway (kOneModelThreadStepRows), embedded subset kNN-MT
+// interleaves with the search on the other threads: 463 / 474 -> 608 / 603 tokens/s at batch 4
+// (base 622 / 619 at --threads 2), 227 / 224 -> 279 / 314 at batch 1, 669 / 650 -> 702 / 676 at
+// batch 8 (those runs still let the subset selection reset the model to two threads).
 ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
   ThreadPlan plan;
-  plan.model_threads = threads;
+  const bool small_steps = step_rows <= kOneModelThreadStepRows;
+  plan.model_threads = small_steps ? 1 : threads;
   if (flags.mode == "base") return plan;
   const bool embedded = flags.router.empty();
   plan.interleave = flags.interleave_batches == "auto"
-                        ? !embedded || (flags.mode == "subset-knn" && threads >= 2 &&
-                                        step_rows <= kInterleaveStepRows)
+                        ? !embedded || (flags.mode == "subset-knn" && threads >= 2 && small_steps)
                         : flags.interleave_batches == "on";
+  plan.overlap = true;
   if (!embedded) return plan;
   if (plan.interleave) {
-    plan.search_threads = flags.search_threads > 0 ? flags.search_threads : 1;
+    plan.search_threads = flags.search_threads > 0 ? flags.search_threads
+                          : small_steps            ? std::max(1, threads - 1)
+                                                   : 1;
     plan.model_threads = std::max(1, threads - plan.search_threads);
-  } else if (flags.search_threads > 0) {
-    plan.search_threads = flags.search_threads;
-  } else {
-    plan.search_threads = flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1 : threads;
+    return plan;
   }
+  plan.search_threads = flags.search_threads > 0 ? flags.search_threads
+                        : flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1
+                                                                               : threads;
+  plan.overlap = plan.search_threads < threads;
   return plan;
 }
 
@@ -227,7 +235,7 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
   if (!flags.index_dir.empty()) {
     ASSIGN_OR_RETURN(setup.retriever,
                      knn::LocalRetriever::Create(flags.index_dir, plan.search_threads));
-    flags.knn.overlap_search = plan.interleave || plan.search_threads < plan.model_threads;
+    flags.knn.overlap_search = plan.overlap;
   } else {
     flags.remote.address = flags.router;
     flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/adc/two_stage.h"
+#include "common/omp_threads.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -246,7 +247,7 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
     }
   }
   Neighbors out = Neighbors::Missing(queries.rows, k, Metric::kL2, /*with_values=*/false);
-  omp_set_num_threads(options_.threads);  // LibTorch may have set OpenMP to 1 thread.
+  const ScopedOmpThreads scoped_threads(options_.threads);
 #pragma omp parallel if (queries.rows > 1)
   {
     // Per thread and kept between calls (tables of tens of KiB per row otherwise reallocated).

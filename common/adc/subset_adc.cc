@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/adc/two_stage.h"
+#include "common/omp_threads.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -245,7 +246,7 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
   SubsetResult result;
   result.neighbors = Neighbors::Missing(queries.rows, k, metric_, /*with_values=*/false);
   int64_t scanned = 0;
-  omp_set_num_threads(options_.threads);  // LibTorch may have set OpenMP to 1 thread.
+  const ScopedOmpThreads scoped_threads(options_.threads);
 #pragma omp parallel reduction(+ : scanned) if (active.size() > 1)
   {
     // Per thread and kept between calls: the tables alone are hundreds of KiB, and allocating

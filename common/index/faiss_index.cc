@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/adc/ivf_adc.h"
 #include "common/check.h"
+#include "common/omp_threads.h"
 #include "common/status_macros.h"
 #include "faiss/IndexFlat.h"
 #include "faiss/IndexHNSW.h"
@@ -40,8 +41,7 @@ using idx_t = faiss::Index::idx_t;
 // that says what was being done.
 template <typename Body>
 absl::Status Guard(absl::string_view what, int threads, Body&& body) {
-  // LibTorch (and openblas_set_num_threads) may have set OpenMP to 1 thread on this thread.
-  omp_set_num_threads(threads);
+  const ScopedOmpThreads scoped_threads(threads);
   try {
     body();
     return absl::OkStatus();

@@ -5,9 +5,9 @@
 // turned into an absl::Status there. Index files are faiss's own write_index format, readable
 // by faiss itself (faiss.read_index).
 //
-// OpenMP: each object carries the OpenMP thread count its callers chose and sets it
-// (omp_set_num_threads) on the calling thread before every faiss call, because LibTorch in the
-// same process sets OpenMP to one thread.
+// OpenMP: each object carries the OpenMP thread count its callers chose and sets it on the
+// calling thread for every faiss call (ScopedOmpThreads: the caller's own count is restored
+// after), because LibTorch in the same process sets OpenMP to one thread.
 #ifndef KNNSERVE_COMMON_INDEX_FAISS_INDEX_H_
 #define KNNSERVE_COMMON_INDEX_FAISS_INDEX_H_
 

@@ -358,8 +358,12 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
     if (!CpuSupports(kernel)) continue;
     SubsetCodes codes{8, 100, 5000, offsets, f.index.codes};
     ASSERT_OK_AND_ASSIGN(auto adc, SubsetAdc::Create(codebook, Metric::kL2, codes, {2, kernel}));
+    // The engine searches on its 2 threads and leaves the caller's count (the model's, when a
+    // decoder calls) as it found it.
+    omp_set_num_threads(1);
     ASSERT_OK_AND_ASSIGN(SubsetResult r,
                          adc->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, kK));
+    EXPECT_EQ(omp_get_max_threads(), 1);
     results.push_back(std::move(r));
   }
   for (size_t i = 1; i < results.size(); ++i) {
@@ -675,8 +679,10 @@ TEST(IvfAdc, QueryTablesAnswerAsResidualTablesBitForBit) {
               absl::StrCat("m=", m, " nprobe=", nprobe, " k=", k, " ", AdcKernelName(kernel)));
           ASSERT_OK_AND_ASSIGN(auto residual, IvfAdc::Create(lists, {2, kernel, false}));
           ASSERT_OK_AND_ASSIGN(auto query, IvfAdc::Create(lists, {2, kernel, true}));
+          omp_set_num_threads(1);
           ASSERT_OK_AND_ASSIGN(Neighbors want, residual->Search(queries.view(), probes.view(), k));
           ASSERT_OK_AND_ASSIGN(Neighbors got, query->Search(queries.view(), probes.view(), k));
+          EXPECT_EQ(omp_get_max_threads(), 1) << "the caller's OpenMP thread count changed";
           EXPECT_EQ(got.ids, want.ids);
           EXPECT_EQ(std::memcmp(got.distances.data(), want.distances.data(),
                                 want.distances.size() * sizeof(float)),

@@ -1,5 +1,7 @@
 #include "common/index/index_engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -179,7 +181,9 @@ TEST(FaissIndex, FlatServingFormKeepsNormsAndAnswersLargeSearchesBitForBit) {
   ASSERT_THAT(index->Add(Data().keys.view()), IsOk());
   const Matrix<float> q = MakeQueries(Data().keys, 700, 23);
   for (const int k : {1, 10, 100}) {
+    omp_set_num_threads(3);  // the caller's count (a decoder's model threads) survives a search
     ASSERT_OK_AND_ASSIGN(Neighbors before, index->Search(q.view(), {k, 0, 0}));
+    EXPECT_EQ(omp_get_max_threads(), 3);
     ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
     ASSERT_THAT(serving->Add(Data().keys.view()), IsOk());
     ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
