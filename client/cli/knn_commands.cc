@@ -210,7 +210,11 @@ ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t step_ro
   plan.search_threads = flags.search_threads > 0 ? flags.search_threads
                         : flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1
                                                                                : threads;
+  // A search beside the model gets cores of its own: OpenMP teams that share cores preempt
+  // each other at every barrier.
   plan.overlap = plan.search_threads < threads;
+  if (plan.overlap)
+    plan.model_threads = std::min(plan.model_threads, threads - plan.search_threads);
   return plan;
 }
 
