@@ -25,6 +25,7 @@
 #include "client/knn/provenance.h"
 #include "client/knn/remote_retriever.h"
 #include "client/knn/subset_selector.h"
+#include "client/knn/thread_plan.h"
 #include "client/model/checkpoint.h"
 #include "client/tokenizer/tokenizer.h"
 #include "common/progress.h"
@@ -62,8 +63,9 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "values; its index/ is searched in-process unless --router or --index");
   cmd->add_option("--index", f->index_dir, "embedded retrieval: index directory (no servers)");
   cmd->add_option("--search-threads", f->search_threads,
-                  "embedded retrieval: threads of each step's search. With interleaved "
-                  "batches the model gets the other --threads (0: 1); otherwise fewer than "
+                  "embedded retrieval: threads of each step's search; the model gets the "
+                  "rest of --threads while a search runs beside it. With interleaved batches "
+                  "(0: --threads - 1 up to 40 query rows a step, else 1); otherwise fewer than "
                   "--threads: the search runs beside the model while it computes the step's "
                   "log-probabilities; as many: after it (0: 1 for --mode knn with batch x "
                   "beam <= 80 query rows, else --threads)")
@@ -154,75 +156,20 @@ absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
   return absl::OkStatus();
 }
 
-// Up to this many query rows per step (batch x beam), the embedded full search runs on one
-// thread beside the model's. Measured on 2 cores, beam 5, interleaved: overlapping the full
-// search paid at batch 1 and 16 (1.06-1.31x), where neither it nor the model's products keep
-// both cores busy, and cost at batch 64 (the threads contend). Overlapping the subset search
-// within a step cost at batch 16 (0.87-0.89x) and was neutral at batch 1.
-constexpr int64_t kOverlapStepRows = 80;
-
-// Up to this many query rows per step (batch x beam), the model runs on one thread: its products
-// are too small for a second OpenMP thread to repay the synchronization on these machines.
-// Measured with base MT on 2 cores (200 office sentences, beam 5, two rounds), --threads 1
-// against 2: 360 / 382 against 319 / 322 tokens/s at batch 1, 760 / 768 against 675 / 691 at
-// batch 4, 889 / 903 against 882 / 871 at batch 8; at batch 16 level (966 / 959 against
-// 1035 / 823), at batch 64 two threads are ~1.2x faster.
-constexpr int64_t kOneModelThreadStepRows = 40;
-
-// How a decoding run uses --threads.
-struct ThreadPlan {
-  int model_threads = 1;    // LibTorch's
-  int search_threads = 1;   // the embedded search's (unused with --router)
-  bool interleave = false;  // two batches in flight (decode::BeamSearchBatches)
-  bool overlap = false;     // a step's search starts at BeginStep, on the processor's worker
-};
-
-// Interleaving pays where the retrieval does not take the model's cores. Through the demo's
-// router and shards on 2 cores, with the decoder at --threads 1 (the servers take the other
-// core; 300 office sentences, beam 5, two rounds), it took kNN-MT at batch 16 from 656 / 621 to
-// 743 / 692 tokens/s and subset kNN-MT from 660 / 583 to 828 / 640 (at batch 64 level: 712 vs
-// 709, 787 vs 783) against --threads 2 one batch at a time. Embedded, the search runs on cores
-// the model would use: beside a model at --threads 2 every search and the model's parallel
-// regions preempt each other (subset kNN-MT, batch 64: 2.64-2.69 s against 2.39-2.55 s), and
-// beside a one-thread model at batch 16 it cost too (797 / 757 -> 764 / 723 tokens/s). Where
-// the model keeps to one thread anyway (kOneModelThreadStepRows), embedded subset kNN-MT
-// interleaves with the search on the other threads: 463 / 474 -> 608 / 603 tokens/s at batch 4
-// (base 622 / 619 at --threads 2), 227 / 224 -> 279 / 314 at batch 1, 669 / 650 -> 702 / 676 at
-// batch 8 (those runs still let the subset selection reset the model to two threads).
-ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
-  ThreadPlan plan;
-  const bool small_steps = step_rows <= kOneModelThreadStepRows;
-  plan.model_threads = small_steps ? 1 : threads;
-  if (flags.mode == "base") return plan;
-  const bool embedded = flags.router.empty();
-  plan.interleave = flags.interleave_batches == "auto"
-                        ? !embedded || (flags.mode == "subset-knn" && threads >= 2 && small_steps)
-                        : flags.interleave_batches == "on";
-  plan.overlap = true;
-  if (!embedded) return plan;
-  if (plan.interleave) {
-    plan.search_threads = flags.search_threads > 0 ? flags.search_threads
-                          : small_steps            ? std::max(1, threads - 1)
-                                                   : 1;
-    plan.model_threads = std::max(1, threads - plan.search_threads);
-    return plan;
-  }
-  plan.search_threads = flags.search_threads > 0 ? flags.search_threads
-                        : flags.mode == "knn" && step_rows <= kOverlapStepRows ? 1
-                                                                               : threads;
-  // A search beside the model gets cores of its own: OpenMP teams that share cores preempt
-  // each other at every barrier.
-  plan.overlap = plan.search_threads < threads;
-  if (plan.overlap)
-    plan.model_threads = std::min(plan.model_threads, threads - plan.search_threads);
-  return plan;
+knn::ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t step_rows) {
+  return knn::PlanThreads({.mode = flags.mode,
+                           .remote = !flags.router.empty(),
+                           .interleave = flags.interleave_batches,
+                           .search_threads = flags.search_threads,
+                           .threads = threads,
+                           .step_rows = step_rows});
 }
 
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
 // selector for subset-knn (searching on `threads`), and processors with flags.knn, as `plan`
 // says.
 absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads,
-                                 const ThreadPlan& plan) {
+                                 const knn::ThreadPlan& plan) {
   KnnSetup setup;
   if (flags.mode == "base") return setup;
   if (!flags.datastore.empty()) {
@@ -337,7 +284,7 @@ struct TranslateFlags {
 void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   AdviseWaitPolicy();
   KeepFreedMemory();
-  const ThreadPlan plan =
+  const knn::ThreadPlan plan =
       PlanThreads(flags.retrieval, flags.threads, flags.batch_size * flags.search.beam_size);
   // LibTorch sets OpenMP to 1 thread on these machines: set it explicitly (the embedded search
   // sets its own count per call).
@@ -458,7 +405,7 @@ struct TunePoint {
 void RunTune(TuneFlags& flags) {
   KeepFreedMemory();
   if (flags.retrieval.mode == "base") flags.retrieval.mode = "knn";
-  const ThreadPlan plan =
+  const knn::ThreadPlan plan =
       PlanThreads(flags.retrieval, flags.threads, flags.batch_size * flags.beam);
   at::set_num_threads(plan.model_threads);
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);

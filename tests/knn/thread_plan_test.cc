@@ -1,0 +1,93 @@
+#include "client/knn/thread_plan.h"
+
+#include "gtest/gtest.h"
+
+namespace knnserve::knn {
+namespace {
+
+ThreadRequest Request(const char* mode, bool remote, int threads, int64_t step_rows) {
+  ThreadRequest request;
+  request.mode = mode;
+  request.remote = remote;
+  request.threads = threads;
+  request.step_rows = step_rows;
+  return request;
+}
+
+TEST(ThreadPlan, BaseRunsOneModelThreadForSmallStepsAndAllBeyond) {
+  for (int64_t rows : {1, 5, 40}) {
+    const ThreadPlan plan = PlanThreads(Request("base", false, 2, rows));
+    EXPECT_EQ(plan.model_threads, 1) << rows;
+    EXPECT_FALSE(plan.interleave);
+  }
+  for (int64_t rows : {41, 80, 320}) {
+    EXPECT_EQ(PlanThreads(Request("base", false, 2, rows)).model_threads, 2) << rows;
+    EXPECT_EQ(PlanThreads(Request("base", false, 4, rows)).model_threads, 4) << rows;
+  }
+}
+
+TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndForSmallEmbeddedSubsetSteps) {
+  for (const char* mode : {"knn", "subset-knn"}) {
+    for (int64_t rows : {5, 80, 320}) {
+      EXPECT_TRUE(PlanThreads(Request(mode, true, 2, rows)).interleave) << mode << " " << rows;
+    }
+  }
+  EXPECT_TRUE(PlanThreads(Request("subset-knn", false, 2, 40)).interleave);
+  EXPECT_FALSE(PlanThreads(Request("subset-knn", false, 2, 80)).interleave);
+  EXPECT_FALSE(PlanThreads(Request("subset-knn", false, 1, 5)).interleave);  // no core to spare
+  EXPECT_FALSE(PlanThreads(Request("knn", false, 2, 5)).interleave);
+  for (const char* setting : {"on", "off"}) {
+    ThreadRequest request = Request("knn", false, 2, 320);
+    request.interleave = setting;
+    EXPECT_EQ(PlanThreads(request).interleave, std::string(setting) == "on");
+  }
+}
+
+// With the automatic settings, an embedded search that runs while the model computes never
+// shares the model's cores: OpenMP teams on shared cores preempt each other at every barrier.
+TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
+  for (const char* mode : {"knn", "subset-knn"}) {
+    for (int threads : {1, 2, 3, 8}) {
+      for (int64_t rows : {1, 5, 40, 41, 80, 81, 320}) {
+        const ThreadPlan plan = PlanThreads(Request(mode, false, threads, rows));
+        SCOPED_TRACE(testing::Message() << mode << " threads " << threads << " rows " << rows);
+        EXPECT_GE(plan.model_threads, 1);
+        EXPECT_GE(plan.search_threads, 1);
+        if (plan.overlap) {
+          EXPECT_LE(plan.model_threads + plan.search_threads, threads);
+        } else {
+          EXPECT_FALSE(plan.interleave);
+          EXPECT_LE(plan.search_threads, threads);
+        }
+      }
+    }
+  }
+  // Full kNN-MT's small steps: a one-thread search beside a one-thread model.
+  const ThreadPlan knn = PlanThreads(Request("knn", false, 2, 80));
+  EXPECT_TRUE(knn.overlap);
+  EXPECT_EQ(knn.model_threads, 1);
+  EXPECT_EQ(knn.search_threads, 1);
+  // Large steps: the search runs after the model, on every thread.
+  const ThreadPlan large = PlanThreads(Request("subset-knn", false, 2, 320));
+  EXPECT_FALSE(large.overlap);
+  EXPECT_EQ(large.model_threads, 2);
+  EXPECT_EQ(large.search_threads, 2);
+}
+
+TEST(ThreadPlan, ExplicitSearchThreadsAreKept) {
+  ThreadRequest request = Request("subset-knn", false, 4, 320);
+  request.search_threads = 3;
+  ThreadPlan plan = PlanThreads(request);
+  EXPECT_EQ(plan.search_threads, 3);
+  EXPECT_TRUE(plan.overlap);
+  EXPECT_EQ(plan.model_threads, 1);
+  request.interleave = "on";
+  request.search_threads = 1;
+  plan = PlanThreads(request);
+  EXPECT_TRUE(plan.interleave);
+  EXPECT_EQ(plan.search_threads, 1);
+  EXPECT_EQ(plan.model_threads, 3);
+}
+
+}  // namespace
+}  // namespace knnserve::knn
