@@ -146,12 +146,13 @@ struct KnnSetup {
 
 // Fresh processors with `options` over the setup's retriever (statistics start at zero).
 absl::Status ResetProcessor(const knn::KnnOptions& options, KnnSetup& setup) {
-  ASSIGN_OR_RETURN(setup.processor, knn::KnnLogitsProcessor::Create(setup.retriever.get(), options,
-                                                                    setup.selector.get()));
+  auto create = [&] {
+    return knn::KnnLogitsProcessor::Create(setup.retriever.get(), options, setup.selector.get());
+  };
+  ASSIGN_OR_RETURN(setup.processor, create());
   setup.second.reset();
   if (setup.interleave) {
-    ASSIGN_OR_RETURN(setup.second, knn::KnnLogitsProcessor::Create(setup.retriever.get(), options,
-                                                                   setup.selector.get()));
+    ASSIGN_OR_RETURN(setup.second, create());
   }
   return absl::OkStatus();
 }

@@ -84,7 +84,7 @@ absl::StatusOr<torch::Tensor> FinishLogProbs(const model::TransformerConfig& con
   return lp;
 }
 
-// Both halves of one step, for the searches that run a batch alone.
+// Both halves of one step at once (greedy search, which keeps one batch in flight).
 absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
                                            const model::EncoderOutput& encoder_out,
                                            model::DecoderState& state, const torch::Tensor& last,

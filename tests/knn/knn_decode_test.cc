@@ -24,23 +24,37 @@ namespace {
 
 using ::testing::ElementsAreArray;
 
+// Best hypotheses of every batch, batch after batch.
+std::vector<std::vector<int>> DecodeBatches(model::TransformerModel& model,
+                                            const std::vector<torch::Tensor>& batches,
+                                            decode::LogitsProcessor* first,
+                                            decode::LogitsProcessor* second, int beam = 5) {
+  decode::SearchOptions options;
+  options.beam_size = beam;
+  options.processor = first;
+  options.second_processor = second;
+  absl::StatusOr<std::vector<std::vector<std::vector<decode::Hypothesis>>>> nbest =
+      decode::BeamSearchBatches(model, batches, options);
+  EXPECT_OK(nbest.status());
+  std::vector<std::vector<int>> out;
+  if (!nbest.ok()) return out;
+  for (const auto& batch : *nbest) {
+    for (const auto& n : batch) out.push_back(n.empty() ? std::vector<int>() : n[0].tokens);
+  }
+  return out;
+}
+
 std::vector<std::vector<int>> Decode(model::TransformerModel& model, const torch::Tensor& src,
                                      decode::LogitsProcessor* processor, int beam) {
+  if (beam > 1) return DecodeBatches(model, {src}, processor, nullptr, beam);
   decode::SearchOptions options;
   options.beam_size = beam;
   options.processor = processor;
+  absl::StatusOr<std::vector<decode::Hypothesis>> hyps = decode::GreedySearch(model, src, options);
+  EXPECT_OK(hyps.status());
   std::vector<std::vector<int>> out;
-  if (beam == 1) {
-    absl::StatusOr<std::vector<decode::Hypothesis>> hyps =
-        decode::GreedySearch(model, src, options);
-    EXPECT_OK(hyps.status());
-    for (const auto& h : *hyps) out.push_back(h.tokens);
-  } else {
-    absl::StatusOr<std::vector<std::vector<decode::Hypothesis>>> nbest =
-        decode::BeamSearch(model, src, options);
-    EXPECT_OK(nbest.status());
-    for (const auto& n : *nbest) out.push_back(n.empty() ? std::vector<int>() : n[0].tokens);
-  }
+  if (!hyps.ok()) return out;
+  for (const auto& h : *hyps) out.push_back(h.tokens);
   return out;
 }
 
@@ -248,25 +262,6 @@ std::vector<torch::Tensor> SourceBatches(const std::vector<TokenPair>& pairs) {
         SourceBatch(std::vector<TokenPair>(pairs.begin() + begin, pairs.begin() + end)));
   }
   return batches;
-}
-
-// Best hypotheses of every batch, batch after batch.
-std::vector<std::vector<int>> DecodeBatches(model::TransformerModel& model,
-                                            const std::vector<torch::Tensor>& batches,
-                                            decode::LogitsProcessor* first,
-                                            decode::LogitsProcessor* second) {
-  decode::SearchOptions options;
-  options.processor = first;
-  options.second_processor = second;
-  absl::StatusOr<std::vector<std::vector<std::vector<decode::Hypothesis>>>> nbest =
-      decode::BeamSearchBatches(model, batches, options);
-  EXPECT_OK(nbest.status());
-  std::vector<std::vector<int>> out;
-  if (!nbest.ok()) return out;
-  for (const auto& batch : *nbest) {
-    for (const auto& n : batch) out.push_back(n.empty() ? std::vector<int>() : n[0].tokens);
-  }
-  return out;
 }
 
 // Two batches in flight, each with its own processor (session), their steps alternating:
