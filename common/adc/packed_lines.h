@@ -16,13 +16,13 @@ struct alignas(64) PackedLine {
   uint8_t bytes[kAdcBlock];
 };
 
-// Memory of at least `bytes` bytes, aligned to 64 bytes; from kHugePageBytes on, aligned to and
-// advised for transparent huge pages. With 4 KiB pages a block of 64 lines is a page of its own,
-// and the hardware prefetcher stops at every page boundary: huge pages let a scan of a subset
-// larger than the caches read 14 GB/s instead of 12 (one thread, 256 MiB). Throws
-// std::bad_alloc. Release with FreePackedMemory.
+// Memory of at least `bytes` bytes, aligned to 64 bytes; from kHugePageBytes on, a mapping of its
+// own, aligned to and advised for transparent huge pages. With 4 KiB pages a block of 64 lines is a
+// page of its own, and the hardware prefetcher stops at every page boundary: huge pages let a scan
+// of a subset larger than the caches read 14 GB/s instead of 12 (one thread, 256 MiB). Throws
+// std::bad_alloc. Release with FreePackedMemory, passing the same `bytes`.
 void* AllocatePackedMemory(size_t bytes);
-void FreePackedMemory(void* memory) noexcept;
+void FreePackedMemory(void* memory, size_t bytes) noexcept;
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 template <typename T>
@@ -32,7 +32,7 @@ struct PackedAllocator {
   template <typename U>
   PackedAllocator(const PackedAllocator<U>&) {}  // NOLINT: rebinding converts implicitly
   T* allocate(size_t n) { return static_cast<T*>(AllocatePackedMemory(n * sizeof(T))); }
-  void deallocate(T* p, size_t /*n*/) noexcept { FreePackedMemory(p); }
+  void deallocate(T* p, size_t n) noexcept { FreePackedMemory(p, n * sizeof(T)); }
   template <typename U>
   bool operator==(const PackedAllocator<U>&) const {
     return true;

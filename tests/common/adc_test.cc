@@ -1,10 +1,14 @@
+#include <malloc.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/adc/adc_kernels.h"
@@ -22,6 +26,7 @@ namespace {
 
 using ::knnserve::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar, AdcKernel::kAvx2, AdcKernel::kAvx512,
                                      AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi};
@@ -243,8 +248,6 @@ std::unique_ptr<SubsetAdc> AdcFor(const faiss::IndexPQ& index, Metric metric,
   return adc.ok() ? *std::move(adc) : nullptr;
 }
 
-// ADC over all codes returns faiss IndexPQ's own distances (its distance tables) within 1e-4
-// relative, for the same codes and codebook.
 TEST(PackedLines, AlignedToLinesAndLargeBlocksToHugePages) {
   for (const size_t lines : {size_t{1}, size_t{100}, adc_internal::kHugePageBytes / 64 + 1}) {
     adc_internal::PackedLines packed(lines);
@@ -256,6 +259,39 @@ TEST(PackedLines, AlignedToLinesAndLargeBlocksToHugePages) {
     // Value-initialized, as any vector: the scans read padding lanes as code 0.
     EXPECT_EQ(packed.back().bytes[kAdcBlock - 1], 0);
   }
+}
+
+// The VmFlags of this process's heap mappings, one line per mapping.
+std::vector<std::string> HeapVmFlags() {
+  std::ifstream smaps("/proc/self/smaps");
+  std::vector<std::string> flags;
+  bool in_heap = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.find(" [heap]") != std::string::npos) in_heap = true;
+    if (in_heap && line.rfind("VmFlags:", 0) == 0) {
+      flags.push_back(line);
+      in_heap = false;
+    }
+  }
+  return flags;
+}
+
+// Huge blocks are advised for transparent huge pages. The advice stays with the address range
+// after a free; were the block heap memory, glibc would hand that range to the next allocations
+// (LibTorch's tensors in the decoder, where it made the model ~20% slower). With glibc told to
+// keep large blocks on the heap, as the CLI does (KeepFreedMemory), no heap range is advised
+// after a huge block came and went.
+TEST(PackedLines, FreedHugeBlocksLeaveNoAdvisedHeap) {
+  mallopt(M_MMAP_MAX, 0);
+  {
+    adc_internal::PackedLines packed(4 * adc_internal::kHugePageBytes / 64);
+    packed[0].bytes[0] = 1;
+  }
+  std::vector<char> heap_block(8 * adc_internal::kHugePageBytes, 1);  // reuses any freed range
+  const std::vector<std::string> flags = HeapVmFlags();
+  mallopt(M_MMAP_MAX, 65536);  // glibc's default
+  ASSERT_FALSE(flags.empty()) << "no [heap] mapping in /proc/self/smaps";
+  for (const std::string& line : flags) EXPECT_THAT(line, Not(HasSubstr(" hg"))) << line;
 }
 
 // The filter keeps exactly the positions whose sums are within the final limit, min(cap, k-th
@@ -302,6 +338,8 @@ TEST(CandidateFilter, KeepsExactlyThePositionsWithinTheFinalLimit) {
   }
 }
 
+// ADC over all codes returns faiss IndexPQ's own distances (its distance tables) within 1e-4
+// relative, for the same codes and codebook.
 TEST(SubsetAdc, DistancesEqualFaissPqWithinTolerance) {
   for (Metric metric : {Metric::kL2, Metric::kInnerProduct}) {
     SCOPED_TRACE(MetricName(metric));
