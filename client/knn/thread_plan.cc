@@ -5,11 +5,12 @@
 namespace knnserve::knn {
 namespace {
 
-// Up to this many query rows per step (batch x beam), the embedded full search runs on one
-// thread beside the model's. Measured on 2 cores, beam 5, interleaved: overlapping the full
-// search paid at batch 1 and 16 (1.06-1.31x), where neither it nor the model's products keep
-// both cores busy, and cost at batch 64 (the threads contend). Overlapping the subset search
-// within a step cost at batch 16 (0.87-0.89x) and was neutral at batch 1.
+// Up to this many query rows per step (batch x beam), the embedded search runs beside the model,
+// by default with two batches in flight (below). Measured on 2 cores, beam 5, interleaved, before
+// two batches could be in flight: overlapping the full search within a step paid at batch 1 and
+// 16 (1.06-1.31x), where neither it nor the model's products keep both cores busy, and cost at
+// batch 64 (the threads contend). Overlapping the subset search within a step cost at batch 16
+// (0.87-0.89x) and was neutral at batch 1.
 constexpr int64_t kOverlapStepRows = 80;
 
 // Up to this many query rows per step (batch x beam), the model runs on one thread: its products
@@ -27,13 +28,15 @@ constexpr int64_t kOneModelThreadStepRows = 40;
 // core; 300 office sentences, beam 5, two rounds), it took kNN-MT at batch 16 from 656 / 621 to
 // 743 / 692 tokens/s and subset kNN-MT from 660 / 583 to 828 / 640 (at batch 64 level: 712 vs
 // 709, 787 vs 783) against --threads 2 one batch at a time. Embedded, the search runs on cores
-// the model would use: beside a model at --threads 2 every search and the model's parallel
-// regions preempt each other (subset kNN-MT, batch 64: 2.64-2.69 s against 2.39-2.55 s), and
-// beside a one-thread model at batch 16 it cost too (797 / 757 -> 764 / 723 tokens/s). Where
-// the model keeps to one thread anyway (kOneModelThreadStepRows), embedded subset kNN-MT
-// interleaves with the search on the other threads: 463 / 474 -> 608 / 603 tokens/s at batch 4
-// (base 622 / 619 at --threads 2), 227 / 224 -> 279 / 314 at batch 1, 669 / 650 -> 702 / 676 at
-// batch 8 (those runs still let the subset selection reset the model to two threads).
+// the model would use: it pays up to kOverlapStepRows, where the model keeps to one thread (or
+// gains little from a second) and the search gets the others. Measured on 2 cores, 200 office
+// sentences, two interleaved rounds, tokens/s one batch at a time -> interleaved: subset kNN-MT
+// 463 / 474 -> 608 / 603 at batch 4, 791 / 799 -> 845 / 853 at batch 16; kNN-MT 858 / 885 ->
+// 894 / 896 at batch 16, level at batch 1 (346 / 361 -> 352 / 358). At batch 64 it costs: a
+// one-thread model beside the search loses more than the search takes (subset kNN-MT 921 / 925
+// -> 807 / 807, kNN-MT 877 / 900 -> 837 / 844), and beside a two-thread model every search and
+// the model's parallel regions preempt each other (subset kNN-MT: 2.64-2.69 s against
+// 2.39-2.55 s).
 ThreadPlan PlanThreads(const ThreadRequest& request) {
   const int threads = request.threads;
   const int64_t step_rows = request.step_rows;
@@ -43,7 +46,7 @@ ThreadPlan PlanThreads(const ThreadRequest& request) {
   if (request.mode == "base") return plan;
   const bool embedded = !request.remote;
   plan.interleave = request.interleave == "auto"
-                        ? !embedded || (request.mode == "subset-knn" && threads >= 2 && small_steps)
+                        ? !embedded || (threads >= 2 && step_rows <= kOverlapStepRows)
                         : request.interleave == "on";
   plan.overlap = true;
   if (!embedded) return plan;

@@ -26,16 +26,19 @@ TEST(ThreadPlan, BaseRunsOneModelThreadForSmallStepsAndAllBeyond) {
   }
 }
 
-TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndForSmallEmbeddedSubsetSteps) {
+TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndForEmbeddedStepsUpTo80Rows) {
   for (const char* mode : {"knn", "subset-knn"}) {
     for (int64_t rows : {5, 80, 320}) {
       EXPECT_TRUE(PlanThreads(Request(mode, true, 2, rows)).interleave) << mode << " " << rows;
     }
   }
-  EXPECT_TRUE(PlanThreads(Request("subset-knn", false, 2, 40)).interleave);
-  EXPECT_FALSE(PlanThreads(Request("subset-knn", false, 2, 80)).interleave);
-  EXPECT_FALSE(PlanThreads(Request("subset-knn", false, 1, 5)).interleave);  // no core to spare
-  EXPECT_FALSE(PlanThreads(Request("knn", false, 2, 5)).interleave);
+  for (const char* mode : {"knn", "subset-knn"}) {
+    for (int64_t rows : {5, 40, 80}) {
+      EXPECT_TRUE(PlanThreads(Request(mode, false, 2, rows)).interleave) << mode << " " << rows;
+    }
+    EXPECT_FALSE(PlanThreads(Request(mode, false, 2, 81)).interleave) << mode;
+    EXPECT_FALSE(PlanThreads(Request(mode, false, 1, 5)).interleave) << mode;  // no core to spare
+  }
   for (const char* setting : {"on", "off"}) {
     ThreadRequest request = Request("knn", false, 2, 320);
     request.interleave = setting;
@@ -62,11 +65,14 @@ TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
       }
     }
   }
-  // Full kNN-MT's small steps: a one-thread search beside a one-thread model.
-  const ThreadPlan knn = PlanThreads(Request("knn", false, 2, 80));
-  EXPECT_TRUE(knn.overlap);
-  EXPECT_EQ(knn.model_threads, 1);
-  EXPECT_EQ(knn.search_threads, 1);
+  // Small steps: a one-thread search beside a one-thread model, two batches in flight.
+  for (const char* mode : {"knn", "subset-knn"}) {
+    const ThreadPlan small = PlanThreads(Request(mode, false, 2, 80));
+    EXPECT_TRUE(small.interleave) << mode;
+    EXPECT_TRUE(small.overlap) << mode;
+    EXPECT_EQ(small.model_threads, 1) << mode;
+    EXPECT_EQ(small.search_threads, 1) << mode;
+  }
   // Large steps: the search runs after the model, on every thread.
   const ThreadPlan large = PlanThreads(Request("subset-knn", false, 2, 320));
   EXPECT_FALSE(large.overlap);
