@@ -282,6 +282,9 @@ std::vector<std::string> HeapVmFlags() {
 // keep large blocks on the heap, as the CLI does (KeepFreedMemory), no heap range is advised
 // after a huge block came and went.
 TEST(PackedLines, FreedHugeBlocksLeaveNoAdvisedHeap) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "AddressSanitizer's allocator replaces glibc's heap";
+#endif
   mallopt(M_MMAP_MAX, 0);
   {
     adc_internal::PackedLines packed(4 * adc_internal::kHugePageBytes / 64);
