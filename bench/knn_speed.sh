@@ -62,7 +62,7 @@ done
 
 /usr/bin/python3 - "$OUT" "$BATCHES" "$SENTENCES" "$BEAM" "$ROUNDS" "$THREADS" "$REMOTE_THREADS" \
   <<'EOF'
-import json, sys
+import json, statistics, sys
 out, batches, sentences, beam = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 rounds, threads, remote_threads = int(sys.argv[5]), sys.argv[6], sys.argv[7]
 names = ["base", "knn-embedded", "knn-remote", "subset-embedded", "subset-remote"]
@@ -80,5 +80,21 @@ for b in batches:
         base = base or tps
         share = 100 * (s["retrieval_seconds"] + s["select_seconds"]) / s["seconds"]
         cells.append(f"{tps:.0f}" if n == "base" else f"{tps:.0f} ({tps / base:.2f}x; {share:.0f}%)")
+    print(f"| {b} | " + " | ".join(cells) + " |")
+
+# Paired view: each round runs the modes back to back, so a mode's tokens/s over base MT's in the
+# same round compares runs made under the same machine load. The median over rounds (with the
+# range) does not pick each mode's luckiest round as the table above does.
+print(f"\nratio to base MT within each round: median (lowest-highest) of {rounds} rounds\n")
+print("| batch | " + " | ".join(names[1:]) + " |")
+print("|---" * len(names) + "|")
+tokens_per_second = lambda run: run["tokens"] / run["seconds"]
+for b in batches:
+    per_round = [{n: tokens_per_second(json.load(open(f"{out}/{n}-{b}-{r}.json"))) for n in names}
+                 for r in range(1, rounds + 1)]
+    cells = []
+    for n in names[1:]:
+        ratios = sorted(run[n] / run["base"] for run in per_round)
+        cells.append(f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})")
     print(f"| {b} | " + " | ".join(cells) + " |")
 EOF
