@@ -69,14 +69,17 @@ names = ["base", "knn-embedded", "knn-remote", "subset-embedded", "subset-remote
 print(f"\n{sentences} office test sentences, beam {beam}; tokens/s of each mode's fastest of "
       f"{rounds} interleaved rounds (ratio to base; retrieval share); decoder threads "
       f"{threads}, remote modes {remote_threads}\n")
+# reports[b][n]: mode n's run reports at batch size b, one per round.
+reports = {b: {n: [json.load(open(f"{out}/{n}-{b}-{r}.json")) for r in range(1, rounds + 1)]
+               for n in names} for b in batches}
+tokens_per_second = lambda run: run["tokens"] / run["seconds"]
 print("| batch | " + " | ".join(names) + " |")
 print("|---" * (len(names) + 1) + "|")
 for b in batches:
     cells, base = [], None
     for n in names:
-        runs = [json.load(open(f"{out}/{n}-{b}-{r}.json")) for r in range(1, rounds + 1)]
-        s = max(runs, key=lambda run: run["tokens"] / run["seconds"])
-        tps = s["tokens"] / s["seconds"]
+        s = max(reports[b][n], key=tokens_per_second)
+        tps = tokens_per_second(s)
         base = base or tps
         share = 100 * (s["retrieval_seconds"] + s["select_seconds"]) / s["seconds"]
         cells.append(f"{tps:.0f}" if n == "base" else f"{tps:.0f} ({tps / base:.2f}x; {share:.0f}%)")
@@ -88,13 +91,11 @@ for b in batches:
 print(f"\nratio to base MT within each round: median (lowest-highest) of {rounds} rounds\n")
 print("| batch | " + " | ".join(names[1:]) + " |")
 print("|---" * len(names) + "|")
-tokens_per_second = lambda run: run["tokens"] / run["seconds"]
 for b in batches:
-    per_round = [{n: tokens_per_second(json.load(open(f"{out}/{n}-{b}-{r}.json"))) for n in names}
-                 for r in range(1, rounds + 1)]
     cells = []
     for n in names[1:]:
-        ratios = sorted(run[n] / run["base"] for run in per_round)
+        ratios = sorted(tokens_per_second(run) / tokens_per_second(base)
+                        for run, base in zip(reports[b][n], reports[b]["base"]))
         cells.append(f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})")
     print(f"| {b} | " + " | ".join(cells) + " |")
 EOF
