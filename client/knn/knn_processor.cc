@@ -105,7 +105,7 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
   const double log_weight = std::log(options.weight);
   const double log_rest = options.weight < 1 ? std::log1p(-options.weight) : kNegInf;
   float* data = work.data_ptr<float>();
-  std::vector<std::pair<int32_t, double>> votes;  // (token, score = -d/τ)
+  std::vector<std::pair<int32_t, double>> votes;  // (token, score = -d/τ, then its exp)
   std::vector<std::pair<int32_t, float>> voted;   // (token, interpolated log-probability)
   for (int64_t r = 0; r < rows; ++r) {
     votes.clear();
@@ -119,20 +119,25 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
     }
     if (votes.empty()) continue;  // nothing retrieved for this row: p_MT alone
     float* row = data + r * vocab;
-    // The voted tokens are combined exactly in log space (log p_kNN only where p_kNN > 0), from
-    // the model's values before the row is scaled.
-    double log_z = kNegInf;
-    for (const auto& [token, score] : votes) log_z = LogAddExp(log_z, score);
+    // The voted tokens are combined in log space (log p_kNN only where p_kNN > 0): the votes'
+    // exponentials are shifted by the largest score, so one exp per vote and one log per voted
+    // token give log p_kNN (a chain of log-add-exps cost an exp and a log1p per vote, twice).
+    double top = votes[0].second;
+    for (const auto& [token, score] : votes) top = std::max(top, score);
+    double z = 0.0;  // >= 1: the top vote contributes exp(0)
+    for (auto& [token, score] : votes) {
+      score = std::exp(score - top);
+      z += score;
+    }
     std::sort(votes.begin(), votes.end());
     voted.clear();
     for (size_t a = 0; a < votes.size();) {
-      double log_mass = kNegInf;
+      double mass = 0.0;
       size_t b = a;
-      for (; b < votes.size() && votes[b].first == votes[a].first; ++b) {
-        log_mass = LogAddExp(log_mass, votes[b].second);
-      }
+      for (; b < votes.size() && votes[b].first == votes[a].first; ++b) mass += votes[b].second;
       const int32_t token = votes[a].first;
-      const double knn_term = log_weight + (log_mass - log_z);
+      // log(0) = -inf for a mass below double's range: LogAddExp then keeps the model's term.
+      const double knn_term = log_weight + std::log(mass / z);
       const double mt_term = log_rest + static_cast<double>(row[token]);
       voted.emplace_back(token,
                          std::max(kLogZero, static_cast<float>(LogAddExp(knn_term, mt_term))));

@@ -32,6 +32,13 @@ absl::StatusOr<torch::Tensor> Interpolated(const torch::Tensor& lp, const Neighb
   return out;
 }
 
+KnnOptions WeightAndTemperature(double weight, double temperature) {
+  KnnOptions options;
+  options.weight = weight;
+  options.temperature = temperature;
+  return options;
+}
+
 TEST(InterpolateKnnTest, MatchesTheFormula) {
   const torch::Tensor lp = torch::log_softmax(torch::tensor({{1.0f, 2.0f, 0.5f, -1.0f}}), 1);
   // Two neighbours vote for token 1, one for token 3.
@@ -62,15 +69,24 @@ TEST(InterpolateKnnTest, WeightZeroIsExactlyTheModel) {
 TEST(InterpolateKnnTest, WeightOneIsKnnAloneWithoutNaNOrInfinity) {
   const torch::Tensor lp = torch::log_softmax(torch::randn({1, 6}), 1);
   const Neighbors n = MakeNeighbors(1, 2, {0.0f, 1e30f}, {4, 5});
-  KnnOptions options;
-  options.weight = 1;
-  options.temperature = 1;
-  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, options));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, WeightAndTemperature(1, 1)));
   EXPECT_FALSE(out.isnan().any().item<bool>());
   EXPECT_NEAR(out[0][4].item<double>(), 0.0, 1e-6);  // p = 1
   EXPECT_FALSE(out.isinf().any().item<bool>());
   EXPECT_EQ(out[0][0].item<float>(), -1e9f);  // no vote, no model share: the finite floor
   EXPECT_EQ(out[0][5].item<float>(), -1e9f);  // exp(-1e30) underflows to nothing
+}
+
+// A vote whose weight exp(-d/τ) is below double's range next to the nearest one adds nothing:
+// its token keeps (1 - λ) p_MT, finite, and the near vote's token gets λ + (1 - λ) p_MT.
+TEST(InterpolateKnnTest, AVoteTooFarToCountLeavesItsTokenTheModelsShare) {
+  const torch::Tensor lp = torch::log_softmax(torch::randn({1, 6}), 1);
+  const Neighbors n = MakeNeighbors(1, 2, {1.0f, 1e30f}, {2, 4});
+  ASSERT_OK_AND_ASSIGN(torch::Tensor out, Interpolated(lp, n, WeightAndTemperature(0.25, 1)));
+  const double p2 = std::exp(lp[0][2].item<double>()), p4 = std::exp(lp[0][4].item<double>());
+  EXPECT_NEAR(out[0][2].item<double>(), std::log(0.25 + 0.75 * p2), 1e-6);
+  EXPECT_NEAR(out[0][4].item<double>(), std::log(0.75 * p4), 1e-6);
+  EXPECT_FALSE(out.isinf().any().item<bool>());
 }
 
 TEST(InterpolateKnnTest, RowsWithoutUsableNeighboursKeepTheModel) {
