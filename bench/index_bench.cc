@@ -141,24 +141,19 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
   auto bytes = ReadFileBytes(path);
   Check(bytes.status());
   std::remove(path.c_str());
-  // Serving form with IvfAdc's per-query tables (as shards load it), and with its former
-  // per-(query, list) residual tables for comparison.
-  auto serve = [&](bool query_tables) {
-    auto loaded = FaissIndex::Deserialize(*bytes, threads);
-    Check(loaded.status());
-    Check((*loaded)->PrepareForServing(BestAdcKernel(), query_tables));
-    return *std::move(loaded);
-  };
-  const std::unique_ptr<FaissIndex> serving = serve(true);
-  const std::unique_ptr<FaissIndex> residual_serving = serve(false);
+  // Serving form, as shards load it.
+  auto loaded = FaissIndex::Deserialize(*bytes, threads);
+  Check(loaded.status());
+  Check((*loaded)->PrepareForServing(BestAdcKernel()));
+  const std::unique_ptr<FaissIndex> serving = *std::move(loaded);
   std::printf("serving form: %s (%s kernel), %.1f bytes per vector\n\n",
               serving->uses_ivf_adc() ? "IvfAdc" : "faiss scan",
               std::string(AdcKernelName(BestAdcKernel())).c_str(),
               serving->InvertedListBytesPerVector());
   std::printf(
       "| k | batch | ours q/s | faiss q/s | ours / faiss | serving q/s | serving / faiss | "
-      "serving recall of faiss | residual-table serving q/s | serving / residual-table |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n");
+      "serving recall of faiss |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   const Matrix<float> queries = Clustered(1024, dim, 1000, 2);
   const faiss::Index& raw = index->faiss_index();
   faiss::SearchParametersIVF ivf;
@@ -170,7 +165,7 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
       std::vector<float> dist(static_cast<size_t>(batch) * k);
       std::vector<faiss::Index::idx_t> ids(dist.size());
       const int64_t total = static_cast<int64_t>(calls) * batch;
-      // Interleave the four (3 rounds each) so that load from other processes hits all alike.
+      // Interleave the three (3 rounds each) so that load from other processes hits all alike.
       auto time_ours = [&](const FaissIndex& which) {
         return TimeBest(1, [&] {
           for (int c = 0; c < calls; ++c) {
@@ -178,7 +173,7 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
           }
         });
       };
-      double ours = 1e30, theirs = 1e30, served = 1e30, residual_served = 1e30;
+      double ours = 1e30, theirs = 1e30, served = 1e30;
       for (int round = 0; round < 3; ++round) {
         ours = std::min(ours, time_ours(*index));
         theirs = std::min(theirs, TimeBest(1, [&] {
@@ -189,12 +184,10 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
                             }
                           }));
         served = std::min(served, time_ours(*serving));
-        residual_served = std::min(residual_served, time_ours(*residual_serving));
       }
-      std::printf("| %d | %d | %.0f | %.0f | %.3f | %.0f | %.2f | %.4f | %.0f | %.2f |\n", k, batch,
-                  total / ours, total / theirs, theirs / ours, total / served, theirs / served,
-                  RecallOfReference(*index, *serving, queries, params), total / residual_served,
-                  residual_served / served);
+      std::printf("| %d | %d | %.0f | %.0f | %.3f | %.0f | %.2f | %.4f |\n", k, batch, total / ours,
+                  total / theirs, theirs / ours, total / served, theirs / served,
+                  RecallOfReference(*index, *serving, queries, params));
       std::fflush(stdout);
     }
   }

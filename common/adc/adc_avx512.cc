@@ -4,7 +4,6 @@
 #include <immintrin.h>
 
 #include "common/adc/adc_kernels.h"
-#include "common/adc/residual_cost.inc"
 
 namespace knnserve::adc_internal {
 namespace {
@@ -135,11 +134,6 @@ void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_
       }
     }
   }
-}
-
-float ResidualCostAvx512(const float* x, const uint8_t* code, const float* centroids,
-                         const float* norms, int m_count, int dsub) {
-  return ResidualCostOf(x, code, centroids, norms, m_count, dsub);
 }
 
 }  // namespace knnserve::adc_internal

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/adc/residual_cost.inc"
 #include "common/check.h"
 
 namespace knnserve {
@@ -88,9 +87,9 @@ const AdcTableKernels& BestAdcTableKernels() {
   static const AdcTableKernels kernels =
       CpuSupports(AdcKernel::kAvx512)
           ? AdcTableKernels{adc_internal::RowRangesAvx512, adc_internal::QuantizeRowsAvx512,
-                            adc_internal::ResidualLutsAvx512, adc_internal::ResidualCostAvx512}
+                            adc_internal::ResidualLutsAvx512}
           : AdcTableKernels{adc_internal::RowRangesScalar, adc_internal::QuantizeRowsScalar,
-                            adc_internal::ResidualLutsScalar, adc_internal::ResidualCostScalar};
+                            adc_internal::ResidualLutsScalar};
   return kernels;
 }
 
@@ -183,11 +182,6 @@ void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_
       }
     }
   }
-}
-
-float ResidualCostScalar(const float* x, const uint8_t* code, const float* centroids,
-                         const float* norms, int m_count, int dsub) {
-  return ResidualCostOf(x, code, centroids, norms, m_count, dsub);
 }
 
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block) {

@@ -107,12 +107,6 @@ struct AdcTableKernels {
   // per call so that each centroid is read from memory once for all of them.
   void (*residual_luts)(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
-  // The exact cost of one code through the residual table of x (residual_luts' entries for that
-  // code, norms[m * 256 + c] − 2⟨x_m, centroid⟩ by the same fused multiply-adds, summed in the
-  // canonical order): bit for bit what an exact scan of the full residual table gives, without
-  // building it. centroids: m_count x 256 x dsub (PqCodebook's layout).
-  float (*residual_cost)(const float* x, const uint8_t* code, const float* centroids,
-                         const float* norms, int m_count, int dsub);
 };
 // The fastest table kernels this CPU supports.
 const AdcTableKernels& BestAdcTableKernels();
@@ -136,10 +130,6 @@ void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* 
                         uint8_t* table);
 void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
-float ResidualCostScalar(const float* x, const uint8_t* code, const float* centroids,
-                         const float* norms, int m_count, int dsub);
-float ResidualCostAvx512(const float* x, const uint8_t* code, const float* centroids,
-                         const float* norms, int m_count, int dsub);
 void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);

@@ -53,23 +53,18 @@ absl::Status CheckLists(const IvfPqLists& lists) {
 // the lower bound of its distance.
 struct IvfAdc::Pending {
   double lower;
-  int64_t position;  // −1 once costed through its list's table
+  int64_t position;  // in its list
   int probe;
   uint32_t id;  // local id, read while the list is scanned: in list order, not ranked order
 };
 
 struct IvfAdc::Scratch {
-  std::vector<float> residuals;                      // nprobe x dim: x = q − c_l per probe
-  std::vector<float> x_norms;                        // nprobe: ||x||²
+  std::vector<float> x_norms;                        // nprobe: ||x||², x = q − c_l
   adc_internal::AlignedVector<float> query_lut;      // m x 256: T of the query
   adc_internal::AlignedVector<uint8_t> query_table;  // and quantized
   adc_internal::AlignedVector<uint16_t> biases;  // per position of the list: its b in table steps
-  adc_internal::AlignedVector<float> residual_lut;  // m x 256: the residual table of x (fallback)
-  adc_internal::AlignedVector<uint8_t> residual_table;
   CandidateFilter filter;
-  uint8_t code[kMaxAdcM];
   std::vector<Pending> pending;
-  std::vector<int> pending_per_probe;
   // Max-heap of the k smallest upper bounds of distances offered; kth_bound its top (infinite
   // until k are known), an upper bound of the row's k-th distance.
   std::vector<double> upper_bounds;
@@ -189,12 +184,12 @@ IvfAdc::IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options
   centroid_bound_ = static_cast<float>(std::sqrt(largest_sum));
 }
 
-// b = Σ_m (||r_m||² + 2⟨c_l,m, r_m⟩) in double, from a per-list table of its m x 256 terms.
+// b = Σ_m (||r_m||² + 2⟨c_l,m, r_m⟩) in double, from a per-list table of its m x 256 terms,
+// kept as a float: the exact distance's own term.
 void IvfAdc::ComputeBiases(const std::vector<std::vector<uint8_t>>& codes) {
   const int m = codebook_.m, dsub = codebook_.dsub, d = dim();
   biases_.reserve(list_begin_.back());
   std::vector<double> terms(static_cast<size_t>(m) * kLutSize);
-  std::vector<double> b;
   for (size_t l = 0; l < codes.size(); ++l) {
     const int64_t n = static_cast<int64_t>(codes[l].size()) / m;
     const float* centroid = coarse_centroids_.data() + l * d;
@@ -207,20 +202,19 @@ void IvfAdc::ComputeBiases(const std::vector<std::vector<uint8_t>>& codes) {
         terms[i] = norms_[i] + 2.0 * dot;
       }
     }
-    b.assign(n, 0.0);
+    float low = std::numeric_limits<float>::infinity();
+    float high = -low;
     for (int64_t v = 0; v < n; ++v) {
       const uint8_t* code = codes[l].data() + v * m;
-      for (int s = 0; s < m; ++s) b[v] += terms[s * kLutSize + code[s]];
+      double sum = 0.0;
+      for (int s = 0; s < m; ++s) sum += terms[s * kLutSize + code[s]];
+      const float bias = static_cast<float>(sum);
+      biases_.push_back(bias);
+      low = std::min(low, bias);
+      high = std::max(high, bias);
     }
-    const double low = n > 0 ? *std::min_element(b.begin(), b.end()) : 0.0;
-    const double high = n > 0 ? *std::max_element(b.begin(), b.end()) : 0.0;
-    const double step = (high - low) / 65535.0;
-    bias_min_.push_back(low);
-    bias_step_.push_back(step);
-    for (int64_t v = 0; v < n; ++v) {
-      const double steps = step > 0.0 ? std::floor((b[v] - low) / step) : 0.0;
-      biases_.push_back(static_cast<uint16_t>(std::clamp(steps, 0.0, 65535.0)));
-    }
+    bias_min_.push_back(n > 0 ? low : 0.0f);
+    bias_max_.push_back(n > 0 ? high : 0.0f);
   }
 }
 
@@ -229,7 +223,7 @@ IvfAdc::~IvfAdc() = default;
 double IvfAdc::BytesPerVector() const {
   if (ids_.empty()) return 0;
   return static_cast<double>(lines_.size() * sizeof(PackedLine) + ids_.size() * sizeof(uint32_t) +
-                             biases_.size() * sizeof(uint16_t)) /
+                             biases_.size() * sizeof(float)) /
          static_cast<double>(ids_.size());
 }
 
@@ -324,29 +318,24 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
   scratch.upper_bounds.clear();
   scratch.kth_bound = kNoBound;
   scratch.pending.clear();
-  scratch.residuals.resize(static_cast<size_t>(nprobe) * d);
   scratch.x_norms.resize(nprobe);
-  LutQuantization query_bounds;
-  query_bounds.margin = LutQuantization::kKeepAll;  // unusable until built
+  scratch.query_lut.resize(table_size);
+  scratch.query_table.resize(table_size);
+  float* lut = scratch.query_lut.data();
+  tables_.residual_luts(&query, 1, centroids_t_.data(), zeros_.data(), m, codebook_.dsub, &lut);
+  const LutQuantization query_bounds =
+      adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.query_table.data());
   double query_norm = 0.0;
-  if (options_.query_tables) {
-    scratch.query_lut.resize(table_size);
-    scratch.query_table.resize(table_size);
-    float* lut = scratch.query_lut.data();
-    tables_.residual_luts(&query, 1, centroids_t_.data(), zeros_.data(), m, codebook_.dsub, &lut);
-    query_bounds = adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.query_table.data());
-    for (int j = 0; j < d; ++j) query_norm += static_cast<double>(query[j]) * query[j];
-    query_norm = std::sqrt(query_norm);
-  }
+  for (int j = 0; j < d; ++j) query_norm += static_cast<double>(query[j]) * query[j];
+  query_norm = std::sqrt(query_norm);
   for (int p = 0; p < nprobe; ++p) {
     const int64_t list = probes[p];
     if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
-    float* x = scratch.residuals.data() + static_cast<size_t>(p) * d;
     const float* centroid = coarse_centroids_.data() + list * d;
     float x_norm = 0.0f;
     for (int j = 0; j < d; ++j) {
-      x[j] = query[j] - centroid[j];
-      x_norm += x[j] * x[j];
+      const float x = query[j] - centroid[j];
+      x_norm += x * x;
     }
     scratch.x_norms[p] = x_norm;
     if (!query_bounds.keeps_all() &&
@@ -357,39 +346,46 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
       if (static_cast<int>(scratch.heap.size()) < k) RerankPending(probes, k, scratch);
       continue;
     }
-    ScanWithResidualTable(list, x, x_norm, k, scratch);
+    CostWholeList(list, x_norm, k, scratch);
   }
   RerankPending(probes, k, scratch);
   adc_internal::WriteNearestFirst(Metric::kL2, scratch.heap, row, k, out);
 }
 
-// The pre-scan sum of a vector is Q = Q_T + B: Q_T its query-table sum, B = floor(β * ratio)
-// its bias in table steps (ratio = the list's bias step / the table step). Its exact cost
-// (distance − ||x||²) is b + Σ T up to float rounding, so with the table's window
-// [base + step (Q_T − slack), base + step (Q_T + m + slack)) and b within
-// [min + step (B − 1), min + step (B + 2 + ceil(ratio))], the cost lies within
-// [base' + step (Q − slack'), base' + step (Q + upper)), base' = base + min,
-// slack' = slack + extra, upper = m + slack + ceil(ratio) + extra, where `extra` steps cover
-// the rounding of T's entries and sums, of the residual form, of x and of base' (bounded from
-// the magnitudes by Cauchy-Schwarz, with a wide factor) plus the biases' flooring; the
-// filter's margin is the window's width, upper + slack'.
+float IvfAdc::Distance(int64_t list, int64_t position, float x_norm, const float* lut) const {
+  const int m = codebook_.m;
+  const float cost =
+      adc_internal::PackedCost(lut, lines_.data() + block_begin_[list] * m, m, position);
+  return x_norm + (biases_[list_begin_[list] + position] + cost);
+}
+
+// The pre-scan sum of a vector is Q = Q_T + B: Q_T its query-table sum, B = floor((b − min) /
+// step) its bias in table steps (min the list's smallest b). Its exact cost (distance − ||x||²)
+// is b + Σ T up to float rounding, so with the table's window [base + step (Q_T − slack),
+// base + step (Q_T + m + slack)) and b within [min + step (B − 1), min + step (B + 2)), the cost
+// lies within [base' + step (Q − slack'), base' + step (Q + upper)), base' = base + min,
+// slack' = slack + extra, upper = m + slack + extra, where `extra` steps cover the rounding of
+// T's entries and sums, of the exact sum, of x and of base' (bounded from the magnitudes by
+// Cauchy-Schwarz, with a wide factor) plus the biases' flooring; the filter's margin is the
+// window's width, upper + slack'.
 bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double query_norm,
                                 const LutQuantization& query_bounds, int k,
                                 Scratch& scratch) const {
   const int m = codebook_.m;
   const double step = query_bounds.step;
-  const double ratio = bias_step_[list] / step;
-  const double bias_min = bias_min_[list];
-  const double bias_max = bias_min + 65535.0 * bias_step_[list];
+  const float bias_min = bias_min_[list];
+  const double bias_max = bias_max_[list];
   const double magnitude = 2.0 * (query_norm + std::sqrt(x_norm)) * centroid_bound_ +
                            norms_max_sum_ + std::abs(bias_min) + std::abs(bias_max) + x_norm +
                            std::abs(query_bounds.base);
   const double rounding = 16.0 * (m + codebook_.dsub + 4) * FLT_EPSILON * magnitude / step;
   const double extra = std::ceil(rounding) + 2.0;
   const double slack = query_bounds.slack + extra;
-  const double upper = m + query_bounds.slack + std::ceil(ratio) + extra;
+  const double upper = m + query_bounds.slack + extra;
   // Every sum must fit 16 bits unsaturated, with room for the filter's margin.
-  if (255.0 * m + 65535.0 * ratio + 2.0 + upper + slack >= LutQuantization::kKeepAll) return false;
+  if (255.0 * m + (bias_max - bias_min) / step + 2.0 + upper + slack >= LutQuantization::kKeepAll) {
+    return false;
+  }
   LutQuantization bounds;
   bounds.base = static_cast<float>(query_bounds.base + bias_min);
   bounds.step = query_bounds.step;
@@ -403,9 +399,9 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
   // Every position is written once: the list's biases, then zeros up to a whole block.
   const int64_t padded = (n + kAdcBlock - 1) / kAdcBlock * kAdcBlock;
   if (static_cast<int64_t>(scratch.biases.size()) < padded) scratch.biases.resize(padded);
-  const float ratio_f = static_cast<float>(ratio);
+  const float inverse_step = static_cast<float>(1.0 / step);
   for (int64_t i = 0; i < n; ++i) {
-    scratch.biases[i] = static_cast<uint16_t>(static_cast<float>(biases_[first + i]) * ratio_f);
+    scratch.biases[i] = static_cast<uint16_t>((biases_[first + i] - bias_min) * inverse_step);
   }
   std::fill(scratch.biases.begin() + n, scratch.biases.begin() + padded, uint16_t{0});
   // Once k distances are bounded, the cap is rarely beaten by the list's own k-th sum (a list
@@ -436,34 +432,13 @@ void IvfAdc::DeferSurvivors(int probe, int64_t list, float x_norm, const LutQuan
   }
 }
 
-const float* IvfAdc::BuildResidualLut(const float* x, Scratch& scratch) const {
-  scratch.residual_lut.resize(static_cast<size_t>(codebook_.m) * kLutSize);
-  float* lut = scratch.residual_lut.data();
-  tables_.residual_luts(&x, 1, centroids_t_.data(), norms_.data(), codebook_.m, codebook_.dsub,
-                        &lut);
-  return lut;
-}
-
-// Re-ranked at once: its residual table is built anyway, and the exact distances bound the
-// k-th distance as tightly as anything can.
-void IvfAdc::ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
-                                   Scratch& scratch) const {
-  const int m = codebook_.m;
-  const float* lut = BuildResidualLut(x, scratch);
-  scratch.residual_table.resize(static_cast<size_t>(m) * kLutSize);
-  const LutQuantization bounds =
-      adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.residual_table.data());
-  const int64_t cap = SumCap(KthBound(k, scratch), bounds, x_norm);
-  if (cap < 0) return;
-  scratch.filter.Reset(k, bounds.margin, static_cast<uint16_t>(cap));
-  const uint8_t* table = scratch.residual_table.data();
-  const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
-  adc_internal::FilterPackedBlocks(kernels_, &table, 1, blocks,
-                                   list_begin_[list + 1] - list_begin_[list], m,
-                                   /*biases=*/nullptr, &scratch.filter);
-  for (const auto& survivor : scratch.filter.Survivors()) {
-    const float distance = x_norm + adc_internal::PackedCost(lut, blocks, m, survivor.second);
-    OfferExact(ids_[list_begin_[list] + survivor.second], distance, k, scratch);
+// Rare: a list whose biases span more than 16-bit sums can hold next to the table's (or a
+// degenerate table). Every vector is costed: the same distances as any other list's.
+void IvfAdc::CostWholeList(int64_t list, float x_norm, int k, Scratch& scratch) const {
+  const float* lut = scratch.query_lut.data();
+  for (int64_t i = 0; i < list_begin_[list + 1] - list_begin_[list]; ++i) {
+    const float distance = Distance(list, i, x_norm, lut);
+    OfferExact(ids_[list_begin_[list] + i], distance, k, scratch);
     OfferUpperBound(distance, k, scratch);
   }
 }
@@ -472,15 +447,10 @@ void IvfAdc::OfferExact(uint32_t id, float distance, int k, Scratch& scratch) co
   adc_internal::OfferBounded(Metric::kL2, k, {distance, id}, scratch.heap);
 }
 
-// A survivor's exact cost from its list's residual table is m look-ups once the table is built
-// (m x 256 x dsub fused multiply-adds, 16 at a time); without it, m x dsub scalar fused
-// multiply-adds. A list with more than kResidualTableAbove survivors left to re-rank gets the
-// table, and all of them are costed through it when the first comes up. Both give the same
-// bits.
+// A survivor's exact distance is m look-ups in the query's float table T plus its list's ||x||²
+// and its own b. The residual form (m x dsub fused multiply-adds per survivor, or a residual
+// table per list with many survivors) took 16% of a shard's time in the demo's kNN-MT searches.
 void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const {
-  constexpr int kResidualTableAbove = 16;
-  const int m = codebook_.m;
-  const int d = dim();
   std::vector<Pending>& pending = scratch.pending;
   const double kth_bound = KthBound(k, scratch);
   pending.erase(std::remove_if(pending.begin(), pending.end(),
@@ -488,35 +458,13 @@ void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const
                 pending.end());
   std::sort(pending.begin(), pending.end(),
             [](const Pending& a, const Pending& b) { return a.lower < b.lower; });
-  scratch.pending_per_probe.assign(scratch.x_norms.size(), 0);
-  for (const Pending& c : pending) ++scratch.pending_per_probe[c.probe];
-  for (size_t i = 0; i < pending.size(); ++i) {
-    if (pending[i].position < 0) continue;  // costed with its list's table
-    if (static_cast<int>(scratch.heap.size()) >= k &&
-        pending[i].lower > scratch.heap.front().first) {
+  const float* lut = scratch.query_lut.data();
+  for (const Pending& c : pending) {
+    if (static_cast<int>(scratch.heap.size()) >= k && c.lower > scratch.heap.front().first) {
       break;  // its distance and every later one exceed the k-th found
     }
-    const int probe = pending[i].probe;
-    const int64_t list = probes[probe];
-    const float* x = scratch.residuals.data() + static_cast<size_t>(probe) * d;
-    const float x_norm = scratch.x_norms[probe];
-    const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
-    if (scratch.pending_per_probe[probe] <= kResidualTableAbove) {
-      const int64_t position = pending[i].position;
-      adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
-                                 static_cast<int>(position % kAdcBlock), scratch.code);
-      const float cost = tables_.residual_cost(x, scratch.code, codebook_.centroids.data(),
-                                               norms_.data(), m, codebook_.dsub);
-      OfferExact(pending[i].id, x_norm + cost, k, scratch);
-      continue;
-    }
-    const float* lut = BuildResidualLut(x, scratch);
-    for (size_t j = i; j < pending.size(); ++j) {
-      if (pending[j].probe != probe || pending[j].position < 0) continue;
-      const float cost = adc_internal::PackedCost(lut, blocks, m, pending[j].position);
-      OfferExact(pending[j].id, x_norm + cost, k, scratch);
-      pending[j].position = -1;
-    }
+    OfferExact(c.id, Distance(probes[c.probe], c.position, scratch.x_norms[c.probe], lut), k,
+               scratch);
   }
   pending.clear();  // those left rank after the k found, which only get nearer
 }

@@ -4,23 +4,22 @@
 //
 // A vector of list l is c_l + r (coarse centroid plus the PQ reconstruction r of its residual),
 // so its squared distance to a query q is, with x = q − c_l,
-//   ||x||² + Σ_m (||r_m||² − 2⟨x_m, r_m⟩)                          (the residual form)
-//   = ||x||² + b + Σ_m T[m][code_m],  b = Σ_m (||r_m||² + 2⟨c_l,m, r_m⟩), T = −2⟨q_m, centroid⟩.
-// The pre-scan uses the second form: T depends on the query only, so one m x 256 table per
-// query is built and quantized for all its lists, and each vector's b (fixed at load) is kept
-// as a 16-bit fraction of its list's range and added to the integer sums in table steps. The
-// bounds of both terms (with float rounding) decide which vectors can still be among the k
-// nearest: by the list's own k-th sum (until a cap exists), by the k-th exact distance found and
-// by the k-th smallest upper bound of the distances of all survivors so far. Survivors are
-// re-ranked with the exact residual form (residual_luts' entries, canonical order,
-// adc_kernels.h): a list's at once until k exact distances are known, the later ones once every
-// probed list is scanned, nearest lower bound first, until the next lower bound exceeds the
-// k-th exact distance found.
-// A list whose sums could overflow 16 bits is scanned with its own residual table instead (the
-// previous form, Options::query_tables = false for all lists): the same answers, bit for bit.
-// faiss computes ||q − c_l||² + (||r||² + 2⟨c_l, r⟩) − 2⟨q, r⟩ from a precomputed nlist x m x 256
-// table: equal up to float rounding. The answers are bit-identical whichever quantized kernel
-// runs.
+//   ||x||² + Σ_m (||r_m||² − 2⟨x_m, r_m⟩)
+//   = ||x||² + (b + Σ_m T[m][code_m]),  b = Σ_m (||r_m||² + 2⟨c_l,m, r_m⟩), T = −2⟨q_m, centroid⟩.
+// The second form is the distance IvfAdc returns, in float: ||x||² per (query, list), b per
+// vector (fixed at load, 4 bytes), T one m x 256 table per query, summed in the canonical order
+// (adc_kernels.h). The pre-scan quantizes T to bytes for all lists of the query and adds each
+// vector's b in table steps to the integer sums. The bounds of both terms (with float rounding)
+// decide which vectors can still be among the k nearest: by the list's own k-th sum (until a cap
+// exists), by the k-th exact distance found and by the k-th smallest upper bound of the
+// distances of all survivors so far. Survivors get their exact distance (m look-ups in T): a
+// list's at once until k exact distances are known, the later ones once every probed list is
+// scanned, nearest lower bound first, until the next lower bound exceeds the k-th exact distance
+// found. A list whose sums could overflow 16 bits has every vector costed instead: the same
+// distances. faiss computes ||q − c_l||² + (||r||² + 2⟨c_l, r⟩) − 2⟨q, r⟩ from a precomputed
+// nlist x m x 256 table: equal up to float rounding. The answers are bit-identical whichever
+// quantized kernel runs, and whichever shards the vectors are split into (a vector's distance
+// depends on the vector and the query alone).
 #ifndef KNNSERVE_COMMON_ADC_IVF_ADC_H_
 #define KNNSERVE_COMMON_ADC_IVF_ADC_H_
 
@@ -59,9 +58,6 @@ class IvfAdc {
   struct Options {
     int threads = 1;                                 // OpenMP threads across query rows
     AdcKernel kernel = AdcKernel::kQuantizedScalar;  // REQUIRES: IsQuantized, CpuSupports
-    // Pre-scan with one table per query (and each vector's bias); false: one residual table
-    // per query and list. Identical answers.
-    bool query_tables = true;
   };
 
   // Packs the lists (consuming `lists`). Fails on inconsistent sizes or an unusable kernel.
@@ -84,7 +80,7 @@ class IvfAdc {
 
   int dim() const { return codebook_.dim(); }
   int64_t size() const { return static_cast<int64_t>(ids_.size()); }
-  // Bytes held per vector: packed codes (lists padded to whole blocks), 4-byte ids and 2-byte
+  // Bytes held per vector: packed codes (lists padded to whole blocks), 4-byte ids and 4-byte
   // biases.
   double BytesPerVector() const;
 
@@ -93,7 +89,7 @@ class IvfAdc {
   struct Scratch;
   IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options options);
 
-  // Fills biases per list: each vector's b as a 16-bit step of its list's range.
+  // Fills biases_ (each vector's b) and each list's smallest and largest b.
   void ComputeBiases(const std::vector<std::vector<uint8_t>>& codes);
   void SearchRow(const float* query, const int64_t* probes, int nprobe, int k, Scratch& scratch,
                  int64_t row, Neighbors& out) const;
@@ -107,11 +103,11 @@ class IvfAdc {
   // Adds the filter's survivors of `list`, scanned with `bounds`, to scratch.pending.
   void DeferSurvivors(int probe, int64_t list, float x_norm,
                       const adc_internal::LutQuantization& bounds, int k, Scratch& scratch) const;
-  // The residual table of x (m x 256, residual_luts) in scratch.residual_lut.
-  const float* BuildResidualLut(const float* x, Scratch& scratch) const;
-  // Scans `list` with the residual table of x = q − c_list and re-ranks its survivors.
-  void ScanWithResidualTable(int64_t list, const float* x, float x_norm, int k,
-                             Scratch& scratch) const;
+  // Offers every vector of `list` at its exact distance (x_norm = ||q − c_list||²).
+  void CostWholeList(int64_t list, float x_norm, int k, Scratch& scratch) const;
+  // The exact distance of the vector at `position` of `list`: x_norm + (b + its sum through the
+  // query's float table lut).
+  float Distance(int64_t list, int64_t position, float x_norm, const float* lut) const;
   // Exact distances of scratch.pending, nearest lower bound first, while they can still rank.
   void RerankPending(const int64_t* probes, int k, Scratch& scratch) const;
   // Offers local id `id` at its exact distance to scratch.heap.
@@ -140,11 +136,10 @@ class IvfAdc {
   std::vector<int64_t> block_begin_;
   std::vector<int64_t> list_begin_;
   std::vector<uint32_t> ids_;
-  // Per vector (as ids_), its b in steps of its list: b ∈ [bias_min_[l] + bias_step_[l] * β,
-  // bias_min_[l] + bias_step_[l] * (β + 1)].
-  std::vector<uint16_t> biases_;
-  std::vector<double> bias_min_;
-  std::vector<double> bias_step_;
+  // Per vector (as ids_), its b; per list, the smallest and largest.
+  std::vector<float> biases_;
+  std::vector<float> bias_min_;
+  std::vector<float> bias_max_;
 };
 
 }  // namespace knnserve

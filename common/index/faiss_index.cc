@@ -519,7 +519,7 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
 }
 
-absl::Status FaissIndex::PrepareForServing(AdcKernel kernel, bool ivf_query_tables) {
+absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
   if (const faiss::IndexFlat* flat = ExactL2Flat(index_.get()); flat != nullptr) {
     if (flat->ntotal == 0 || !flat_norms_.empty()) return absl::OkStatus();
     return Guard("flat norms", threads_, [&] { flat_norms_ = StoredNorms(*flat); });
@@ -529,8 +529,7 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel, bool ivf_query_tabl
   IvfPqLists lists;
   RETURN_IF_ERROR(
       Guard("export inverted lists", threads_, [&] { lists = ExportIvfPqLists(*ivfpq); }));
-  ASSIGN_OR_RETURN(ivf_adc_,
-                   IvfAdc::Create(std::move(lists), {threads_, kernel, ivf_query_tables}));
+  ASSIGN_OR_RETURN(ivf_adc_, IvfAdc::Create(std::move(lists), {threads_, kernel}));
   if (const faiss::IndexFlat* quantizer = ExactL2Flat(ivfpq->quantizer); quantizer != nullptr) {
     RETURN_IF_ERROR(
         Guard("coarse centroid norms", threads_, [&] { coarse_norms_ = StoredNorms(*quantizer); }));

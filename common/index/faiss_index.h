@@ -66,10 +66,8 @@ class FaissIndex : public SearchIndex {
   // codes is moreover searched by IvfAdc (common/adc/ivf_adc.h): the coarse assignment (and any
   // PCA/OPQ transform) stays faiss's, the list scan is the quantized two-stage scan over lists
   // packed here, and faiss's copy of the lists is released; its answers equal faiss's up to
-  // float rounding (and Save then fails). Afterwards Add fails. ivf_query_tables: IvfAdc's
-  // pre-scan with one table per query (else one per query and list: the same answers; for
-  // benchmarks).
-  absl::Status PrepareForServing(AdcKernel kernel, bool ivf_query_tables = true);
+  // float rounding (and Save then fails). Afterwards Add fails.
+  absl::Status PrepareForServing(AdcKernel kernel);
   // Embedded mode: takes over the IvfAdc lists of `others` (shards of the same index
   // directory, each in serving form with IvfAdc: the same trained transform, coarse centroids
   // and codebook), their local ids shifted by id_offsets[i]; this index then searches them all

@@ -160,10 +160,10 @@ TEST(AdcKernels, LutAvx512EqualsScalarBitForBit) {
   }
 }
 
-// The residual tables and the per-code residual cost: AVX-512 equals scalar bit for bit, and a
-// code's cost equals the canonical sum of its table entries (ScanScalar over the table), so the
-// two ways IvfAdc costs a survivor agree.
-TEST(AdcKernels, ResidualCostEqualsTheResidualTableSumBitForBit) {
+// The residual tables (the query tables of IvfAdc, with zero norms): AVX-512 equals scalar bit
+// for bit.
+TEST(AdcKernels, ResidualTablesAvx512EqualScalarBitForBit) {
+  if (!CpuSupports(AdcKernel::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937_64 rng(31);
   std::normal_distribution<float> normal;
   for (int dsub : {1, 4, 8}) {
@@ -179,31 +179,13 @@ TEST(AdcKernels, ResidualCostEqualsTheResidualTableSumBitForBit) {
       }
       for (float& v : x) v = 2 * normal(rng);
       const float* xs[1] = {x.data()};
-      std::vector<float> table(m * 256);
+      std::vector<float> table(m * 256), table_avx512(m * 256);
       float* tables[1] = {table.data()};
+      float* tables_avx512[1] = {table_avx512.data()};
       adc_internal::ResidualLutsScalar(xs, 1, centroids_t.data(), norms.data(), m, dsub, tables);
-      const bool avx512 = CpuSupports(AdcKernel::kAvx512);
-      if (avx512) {
-        std::vector<float> table_avx512(m * 256);
-        float* tables_avx512[1] = {table_avx512.data()};
-        adc_internal::ResidualLutsAvx512(xs, 1, centroids_t.data(), norms.data(), m, dsub,
-                                         tables_avx512);
-        EXPECT_EQ(std::memcmp(table_avx512.data(), table.data(), table.size() * sizeof(float)), 0);
-      }
-      std::vector<uint8_t> code(m);
-      for (int trial = 0; trial < 8; ++trial) {
-        for (uint8_t& c : code) c = static_cast<uint8_t>(rng());
-        float want = 0;
-        const float* luts[1] = {table.data()};
-        adc_internal::ScanScalar(luts, 1, code.data(), 1, m, &want);
-        const float scalar = adc_internal::ResidualCostScalar(
-            x.data(), code.data(), codebook.centroids.data(), norms.data(), m, dsub);
-        EXPECT_EQ(std::memcmp(&scalar, &want, sizeof(float)), 0);
-        if (!avx512) continue;
-        const float vector = adc_internal::ResidualCostAvx512(
-            x.data(), code.data(), codebook.centroids.data(), norms.data(), m, dsub);
-        EXPECT_EQ(std::memcmp(&vector, &want, sizeof(float)), 0);
-      }
+      adc_internal::ResidualLutsAvx512(xs, 1, centroids_t.data(), norms.data(), m, dsub,
+                                       tables_avx512);
+      EXPECT_EQ(std::memcmp(table_avx512.data(), table.data(), table.size() * sizeof(float)), 0);
     }
   }
 }
@@ -642,7 +624,7 @@ TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
 // IVF-PQ lists with random codebooks and codes (the search is exact whatever the training):
 // vectors spread over `nlist` lists, every 7th a copy of its predecessor's code (ties), list 0's
 // centroid 1000 times farther out than the others (its biases span far more than a query
-// table's steps, so its sums would overflow 16 bits: the residual-table fallback scans it).
+// table's steps, so its sums would overflow 16 bits: every vector of it is costed instead).
 IvfPqLists RandomLists(int m, int dsub, int nlist, int vectors, std::mt19937_64& rng) {
   std::normal_distribution<float> normal;
   IvfPqLists lists;
@@ -668,11 +650,70 @@ IvfPqLists RandomLists(int m, int dsub, int nlist, int vectors, std::mt19937_64&
   return lists;
 }
 
-// The pre-scan with one table per query (and per-vector biases) changes no answer: ids and
-// distance bits equal the residual-table scan's, for k from 1 to more than the probed lists
-// hold, 1 to all lists probed, queries near stored vectors and far from all of them, both
-// quantized kernels.
-TEST(IvfAdc, QueryTablesAnswerAsResidualTablesBitForBit) {
+// The distance IvfAdc defines (ivf_adc.h), computed directly for one vector of `list` with
+// `code`: ||q − c||² in float, plus (b + the canonical float sum of the entries of the query's
+// table T = −2⟨q_m, centroid⟩), b = Σ_m (||r_m||² + 2⟨c_m, r_m⟩) in double, rounded to float.
+float IvfDistance(const IvfPqLists& lists, const float* query, const float* t_table, int list,
+                  const uint8_t* code) {
+  const PqCodebook& pq = lists.codebook;
+  const int d = pq.dim();
+  const float* c = lists.coarse_centroids.data() + static_cast<size_t>(list) * d;
+  float x_norm = 0.0f;
+  for (int j = 0; j < d; ++j) {
+    const float x = query[j] - c[j];
+    x_norm += x * x;
+  }
+  double b = 0.0;
+  for (int m = 0; m < pq.m; ++m) {
+    const float* r = pq.centroids.data() + (static_cast<size_t>(m) * 256 + code[m]) * pq.dsub;
+    float norm = 0.0f;
+    double dot = 0.0;
+    for (int j = 0; j < pq.dsub; ++j) {
+      norm += r[j] * r[j];
+      dot += static_cast<double>(c[m * pq.dsub + j]) * r[j];
+    }
+    b += norm + 2.0 * dot;
+  }
+  float cost;
+  adc_internal::ScanScalar(&t_table, 1, code, 1, pq.m, &cost);
+  return x_norm + (static_cast<float>(b) + cost);
+}
+
+// The k nearest of every vector in the probed lists by IvfDistance (ties to the smaller id).
+Neighbors BruteForceIvf(const IvfPqLists& lists, MatrixView<const float> queries,
+                        MatrixView<const int64_t> probes, int k) {
+  const PqCodebook& pq = lists.codebook;
+  const auto centroids_t = adc_internal::TransposeCentroids(pq);
+  const std::vector<float> zeros(pq.m * 256, 0.0f);
+  std::vector<float> table(pq.m * 256);
+  Neighbors out = Neighbors::Missing(queries.rows, k, Metric::kL2, /*with_values=*/false);
+  for (int64_t r = 0; r < queries.rows; ++r) {
+    const float* query = queries.row(r);
+    float* tables[1] = {table.data()};
+    adc_internal::ResidualLutsScalar(&query, 1, centroids_t.data(), zeros.data(), pq.m, pq.dsub,
+                                     tables);
+    std::vector<std::pair<float, int64_t>> all;
+    for (int p = 0; p < probes.cols; ++p) {
+      const int l = static_cast<int>(probes.row(r)[p]);
+      for (size_t v = 0; v < lists.ids[l].size(); ++v) {
+        all.emplace_back(IvfDistance(lists, query, table.data(), l, &lists.codes[l][v * pq.m]),
+                         lists.ids[l][v]);
+      }
+    }
+    std::sort(all.begin(), all.end());
+    for (size_t j = 0; j < all.size() && j < static_cast<size_t>(k); ++j) {
+      out.distances[r * k + j] = all[j].first;
+      out.ids[r * k + j] = all[j].second;
+    }
+  }
+  return out;
+}
+
+// The pre-scan and the re-ranking change no answer: ids and distance bits equal the brute-force
+// search of the probed lists, for k from 1 to more than the probed lists hold, 1 to all lists
+// probed (list 0, costed vector by vector, included), queries near stored vectors and far from
+// all of them, both quantized kernels.
+TEST(IvfAdc, AnswersAsBruteForceOverTheProbedListsBitForBit) {
   std::mt19937_64 rng(61);
   std::normal_distribution<float> normal;
   for (auto [m, dsub] : {std::pair{8, 2}, std::pair{16, 4}, std::pair{20, 3}}) {
@@ -714,15 +755,14 @@ TEST(IvfAdc, QueryTablesAnswerAsResidualTablesBitForBit) {
         if (r == 0) probes.at(r, nprobe - 1) = 0;
       }
       for (int k : {1, 10, 100, 7000}) {
+        const Neighbors want = BruteForceIvf(lists, queries.view(), probes.view(), k);
         for (AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
           if (!CpuSupports(kernel)) continue;
           SCOPED_TRACE(
               absl::StrCat("m=", m, " nprobe=", nprobe, " k=", k, " ", AdcKernelName(kernel)));
-          ASSERT_OK_AND_ASSIGN(auto residual, IvfAdc::Create(lists, {2, kernel, false}));
-          ASSERT_OK_AND_ASSIGN(auto query, IvfAdc::Create(lists, {2, kernel, true}));
+          ASSERT_OK_AND_ASSIGN(auto adc, IvfAdc::Create(lists, {2, kernel}));
           omp_set_num_threads(1);
-          ASSERT_OK_AND_ASSIGN(Neighbors want, residual->Search(queries.view(), probes.view(), k));
-          ASSERT_OK_AND_ASSIGN(Neighbors got, query->Search(queries.view(), probes.view(), k));
+          ASSERT_OK_AND_ASSIGN(Neighbors got, adc->Search(queries.view(), probes.view(), k));
           EXPECT_EQ(omp_get_max_threads(), 1) << "the caller's OpenMP thread count changed";
           EXPECT_EQ(got.ids, want.ids);
           EXPECT_EQ(std::memcmp(got.distances.data(), want.distances.data(),

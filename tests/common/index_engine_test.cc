@@ -361,13 +361,13 @@ TEST(IvfAdc, VbmiKernelEqualsScalarBitForBit) {
   }
 }
 
-// Serving form keeps codes plus a 4-byte id and a 2-byte bias (lists padded to whole 64-vector
+// Serving form keeps codes plus a 4-byte id and a 4-byte bias (lists padded to whole 64-vector
 // blocks), and it is frozen: nothing can be added and it cannot be written back.
-TEST(IvfAdc, ServingFormCostsCodesPlusSixBytesAndIsFrozen) {
+TEST(IvfAdc, ServingFormCostsCodesPlusEightBytesAndIsFrozen) {
   const auto index = Serving("IVF16,PQ8", AdcKernel::kQuantizedScalar);
   const double padding = 16.0 * 63 * 8 / kRows;  // at most 63 lanes per list
-  EXPECT_GE(index->InvertedListBytesPerVector(), 8 + 4 + 2);
-  EXPECT_LE(index->InvertedListBytesPerVector(), 8 + 4 + 2 + padding);
+  EXPECT_GE(index->InvertedListBytesPerVector(), 8 + 4 + 4);
+  EXPECT_LE(index->InvertedListBytesPerVector(), 8 + 4 + 4 + padding);
   EXPECT_THAT(index->Add({Data().keys.data(), 1, kDim}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("serving form")));
   EXPECT_THAT(index->Save((FreshTempDir("frozen") / "x.faiss").string()),
