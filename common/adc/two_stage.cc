@@ -79,9 +79,38 @@ void CandidateFilter::Reset(int k, int margin, uint16_t cap) {
   margin_ = margin;
   cap_ = cap;
   limit_ = cap;
-  smallest_.clear();
+  if (counts_.empty()) counts_.resize(size_t{kNoLimit} + 1);
+  if (touched_low_ <= touched_high_) {
+    std::fill(counts_.begin() + touched_low_, counts_.begin() + touched_high_ + 1, 0u);
+  }
+  touched_low_ = kNoLimit;
+  touched_high_ = 0;
+  offered_ = 0;
+  at_or_below_ = 0;
   kept_.clear();
   prune_at_ = 4 * static_cast<size_t>(k) + 1024;
+}
+
+void CandidateFilter::CountSum(uint16_t q) {
+  ++counts_[q];
+  touched_low_ = std::min(touched_low_, q);
+  touched_high_ = std::max(touched_high_, q);
+  if (offered_ < k_) {
+    if (++offered_ < k_) return;
+    // The k-th smallest of the first k: the largest of them.
+    kth_ = touched_high_;
+    at_or_below_ = k_;
+  } else {
+    ++at_or_below_;  // q < kth_
+    // Down to the next counted sum while k lie strictly below the current one.
+    while (at_or_below_ - counts_[kth_] >= k_) {
+      at_or_below_ -= counts_[kth_];
+      do {
+        --kth_;
+      } while (counts_[kth_] == 0);
+    }
+  }
+  limit_ = static_cast<uint16_t>(std::min<int>(cap_, kth_ + margin_));
 }
 
 void CandidateFilter::Offer(const uint16_t* sums, uint64_t below, int64_t first_position) {
@@ -90,20 +119,8 @@ void CandidateFilter::Offer(const uint16_t* sums, uint64_t below, int64_t first_
     const uint16_t q = sums[lane];
     if (q > limit_) continue;  // the limit fell inside this block
     kept_.emplace_back(q, first_position + lane);
-    if (k_ == 0) continue;
-    if (static_cast<int>(smallest_.size()) < k_) {
-      smallest_.push_back(q);
-      std::push_heap(smallest_.begin(), smallest_.end());
-    } else if (q < smallest_.front()) {
-      std::pop_heap(smallest_.begin(), smallest_.end());
-      smallest_.back() = q;
-      std::push_heap(smallest_.begin(), smallest_.end());
-    } else {
-      continue;
-    }
-    if (static_cast<int>(smallest_.size()) == k_) {
-      limit_ = static_cast<uint16_t>(std::min<int>(cap_, smallest_.front() + margin_));
-    }
+    // Once k sums are counted, one at or above the k-th cannot lower it.
+    if (k_ > 0 && (offered_ < k_ || q < kth_)) CountSum(q);
   }
   if (kept_.size() >= prune_at_) {
     Prune();

@@ -281,9 +281,11 @@ TEST(PackedLines, FreedHugeBlocksLeaveNoAdvisedHeap) {
 
 // The filter keeps exactly the positions whose sums are within the final limit, min(cap, k-th
 // smallest sum offered + margin), in the order offered, whether every lane is offered or only
-// those under the filter's limit at the time (as the scan kernels offer them).
+// those under the filter's limit at the time (as the scan kernels offer them), and one filter
+// reset between searches answers each as a fresh one.
 TEST(CandidateFilter, KeepsExactlyThePositionsWithinTheFinalLimit) {
   std::mt19937_64 rng(41);
+  adc_internal::CandidateFilter filter;
   for (const int blocks : {1, 40}) {
     std::vector<uint16_t> sums(blocks * kAdcBlock);
     for (uint16_t& q : sums) q = static_cast<uint16_t>(rng() % 2000 + (rng() % 7 == 0 ? 0 : 900));
@@ -306,7 +308,6 @@ TEST(CandidateFilter, KeepsExactlyThePositionsWithinTheFinalLimit) {
       for (const bool only_under_limit : {false, true}) {
         SCOPED_TRACE(absl::StrCat(blocks, " blocks, k ", k, " margin ", margin, " cap ", cap,
                                   only_under_limit ? ", lanes under the limit" : ""));
-        adc_internal::CandidateFilter filter;
         filter.Reset(k, margin, cap);
         for (int b = 0; b < blocks; ++b) {
           const uint16_t* block = sums.data() + b * kAdcBlock;
