@@ -436,9 +436,11 @@ void IvfAdc::DeferSurvivors(int probe, int64_t list, float x_norm, const LutQuan
 // degenerate table). Every vector is costed: the same distances as any other list's.
 void IvfAdc::CostWholeList(int64_t list, float x_norm, int k, Scratch& scratch) const {
   const float* lut = scratch.query_lut.data();
-  for (int64_t i = 0; i < list_begin_[list + 1] - list_begin_[list]; ++i) {
+  const uint32_t* ids = ids_.data() + list_begin_[list];
+  const int64_t n = list_begin_[list + 1] - list_begin_[list];
+  for (int64_t i = 0; i < n; ++i) {
     const float distance = Distance(list, i, x_norm, lut);
-    OfferExact(ids_[list_begin_[list] + i], distance, k, scratch);
+    OfferExact(ids[i], distance, k, scratch);
     OfferUpperBound(distance, k, scratch);
   }
 }

@@ -94,8 +94,9 @@ void CandidateFilter::Reset(int k, int margin, uint16_t cap) {
 void CandidateFilter::CountSum(uint16_t q) {
   ++counts_[q];
   touched_low_ = std::min(touched_low_, q);
-  touched_high_ = std::max(touched_high_, q);
   if (offered_ < k_) {
+    // Later sums are counted only below the k-th, so the highest counted is one of these.
+    touched_high_ = std::max(touched_high_, q);
     if (++offered_ < k_) return;
     // The k-th smallest of the first k: the largest of them.
     kth_ = touched_high_;
