@@ -14,6 +14,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
+#include "common/process_init.h"
 #include "client/datastore/feature_extractor.h"
 #include "client/datastore/key_computation.h"
 #include "common/datastore/batch_plan.h"
@@ -113,4 +114,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace knnserve::datastore
 
-int main(int argc, char** argv) { return knnserve::datastore::Run(argc, argv); }
+int main(int argc, char** argv) {
+  knnserve::InitProcess(argv);
+  return knnserve::datastore::Run(argc, argv);
+}

@@ -30,6 +30,7 @@
 #include "common/adc/subset_adc.h"
 #include "common/files.h"
 #include "common/index/faiss_index.h"
+#include "common/process_init.h"
 #include "common/progress.h"
 #include "faiss/IndexIVF.h"
 #include "faiss/IndexPQ.h"
@@ -410,6 +411,7 @@ void BenchAdc(int64_t vectors, int dim, int m, int threads) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
+  knnserve::InitProcess(argv);
   CLI::App app{"index_bench: IVFPQ wrapper vs faiss, subset ADC vs faiss, beam sharing"};
   int64_t rows = 1000000;
   int dim = 512;

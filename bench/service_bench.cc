@@ -479,7 +479,7 @@ void BenchD(const Flags& flags) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
-  knnserve::InitProcess();
+  knnserve::InitProcess(argv);
   knnserve::Flags flags;
   std::string parts = "abc";
   CLI::App app{"knnserve service benchmarks"};

@@ -100,7 +100,7 @@ int Run(const RouterFlags& flags) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
-  knnserve::InitProcess();
+  knnserve::InitProcess(argv);
   knnserve::BlockTerminationSignals();
   knnserve::RouterFlags flags;
   CLI::App app{"knnserve-router: fan kNN searches out to knnserve shards and merge them"};

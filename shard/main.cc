@@ -113,7 +113,7 @@ int Run(const ShardFlags& flags) {
 }  // namespace knnserve
 
 int main(int argc, char** argv) {
-  knnserve::InitProcess();
+  knnserve::InitProcess(argv);
   knnserve::BlockTerminationSignals();
   knnserve::ShardFlags flags;
   CLI::App app{"knnserve-shard: serve one shard of a knnserve index over gRPC"};

@@ -12,7 +12,7 @@
 #endif
 
 int main(int argc, char** argv) {
-  knnserve::InitProcess();
+  knnserve::InitProcess(argv);
   CLI::App app{"knnserve " KNNSERVE_VERSION
                ": kNN machine translation with a sharded retrieval service"};
   app.set_version_flag("--version", KNNSERVE_VERSION);
