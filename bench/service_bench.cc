@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -195,19 +196,27 @@ Stats ThroughRouter(const Flags& flags, const RouterClients& clients, double sec
   });
 }
 
-// In-process search and search through the router, `flags.seconds` each, in `flags.slices`
-// alternating slices: this machine's speed drifts by tens of percent within seconds, so one
-// block per side measured the drift as much as the service.
-std::pair<Stats, Stats> SideBySide(const Flags& flags, const SearchEngine& engine,
-                                   const std::string& address, int clients) {
+// Each side measured `flags.seconds` in `flags.slices` slices, the sides alternating: this
+// machine's speed drifts by tens of percent within seconds, so one block per side measured the
+// drift as much as the service.
+using Side = std::function<Stats(double seconds)>;
+std::vector<Stats> Alternate(const Flags& flags, const std::vector<Side>& sides) {
   const double slice = flags.seconds / std::max(1, flags.slices);
-  const RouterClients router_clients(flags, address, clients);
-  Stats local, remote;
+  std::vector<Stats> stats(sides.size());
   for (int i = 0; i < std::max(1, flags.slices); ++i) {
-    local.Add(InProcess(flags, engine, clients, slice));
-    remote.Add(ThroughRouter(flags, router_clients, slice));
+    for (size_t s = 0; s < sides.size(); ++s) stats[s].Add(sides[s](slice));
   }
-  return {std::move(local), std::move(remote)};
+  return stats;
+}
+
+Side InProcessSide(const Flags& flags, const SearchEngine& engine, int clients) {
+  return [&flags, &engine, clients](double seconds) {
+    return InProcess(flags, engine, clients, seconds);
+  };
+}
+
+Side RouterSide(const Flags& flags, const RouterClients& clients) {
+  return [&flags, &clients](double seconds) { return ThroughRouter(flags, clients, seconds); };
 }
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(d)); }
@@ -249,7 +258,11 @@ void BenchA(const Flags& flags) {
       "| clients | in-process rows/s | router rows/s | ratio | in-process p50 ms | "
       "router p50 ms | p50 overhead ms |\n|---|---|---|---|---|---|---|\n");
   for (int clients : {1, 2}) {
-    const auto [local, remote] = SideBySide(flags, *engine, cluster.router->address(), clients);
+    const RouterClients router_clients(flags, cluster.router->address(), clients);
+    const std::vector<Stats> stats = Alternate(
+        flags, {InProcessSide(flags, *engine, clients), RouterSide(flags, router_clients)});
+    const Stats& local = stats[0];
+    const Stats& remote = stats[1];
     std::printf("| %d | %.0f | %.0f | %.3f | %s | %s | %s |\n", clients, local.rows_per_second(),
                 remote.rows_per_second(), remote.rows_per_second() / local.rows_per_second(),
                 Ms(local.Quantile(0.5)).c_str(), Ms(remote.Quantile(0.5)).c_str(),
@@ -258,16 +271,30 @@ void BenchA(const Flags& flags) {
   }
 }
 
+// The third side searches the 4 shards' engines one after another in the client's thread and
+// merges their answers (CreateLocalEngine without merged lists): the shards' own work, without
+// the service, so that b)'s gap splits into engine cost and service cost.
 void BenchB(const Flags& flags) {
   std::unique_ptr<SearchEngine> engine = Engine(IndexDir(flags, 1), 0);
-  Cluster cluster(IndexDir(flags, 4), 4, 1, Options(false));
+  const std::string dir = IndexDir(flags, 4);
+  absl::StatusOr<std::unique_ptr<SearchEngine>> shard_engines =
+      CreateLocalEngine(dir, {.threads = 1, .merge_shards = false});
+  KNNSERVE_CHECK(shard_engines.ok(), std::string(shard_engines.status().message()).c_str());
+  Cluster cluster(dir, 4, 1, Options(false));
   std::printf(
       "\n### b) 4 shards behind the router vs one in-process index of the same size\n\n"
-      "| clients | in-process rows/s | 4 shards rows/s | ratio |\n|---|---|---|---|\n");
+      "| clients | in-process rows/s | 4 shard engines in-process rows/s | 4 shards rows/s | "
+      "ratio | engines ratio |\n|---|---|---|---|---|---|\n");
   for (int clients : {1, 2}) {
-    const auto [local, remote] = SideBySide(flags, *engine, cluster.router->address(), clients);
-    std::printf("| %d | %.0f | %.0f | %.3f |\n", clients, local.rows_per_second(),
-                remote.rows_per_second(), remote.rows_per_second() / local.rows_per_second());
+    const RouterClients router_clients(flags, cluster.router->address(), clients);
+    const std::vector<Stats> stats =
+        Alternate(flags, {InProcessSide(flags, *engine, clients),
+                          InProcessSide(flags, **shard_engines, clients),
+                          RouterSide(flags, router_clients)});
+    const double local = stats[0].rows_per_second();
+    std::printf("| %d | %.0f | %.0f | %.0f | %.3f | %.3f |\n", clients, local,
+                stats[1].rows_per_second(), stats[2].rows_per_second(),
+                stats[2].rows_per_second() / local, stats[1].rows_per_second() / local);
     std::fflush(stdout);
   }
 }
