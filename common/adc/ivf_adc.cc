@@ -22,6 +22,8 @@ using adc_internal::LutQuantization;
 using adc_internal::PackedLine;
 
 constexpr int kLutSize = PqCodebook::kCentroids;
+// Rows whose query tables are built in one pass over the centroids (BuildQueryTables).
+constexpr int kTableRows = 8;
 
 absl::Status CheckLists(const IvfPqLists& lists) {
   const PqCodebook& pq = lists.codebook;
@@ -60,7 +62,8 @@ struct IvfAdc::Pending {
 
 struct IvfAdc::Scratch {
   std::vector<float> x_norms;                        // nprobe: ||x||², x = q − c_l
-  adc_internal::AlignedVector<float> query_lut;      // m x 256: T of the query
+  adc_internal::AlignedVector<float> query_luts;     // kTableRows x m x 256: T of each query
+  const float* query_lut = nullptr;                  // T of the row being searched
   adc_internal::AlignedVector<uint8_t> query_table;  // and quantized
   adc_internal::AlignedVector<uint16_t> biases;  // per position of the list: its b in table steps
   CandidateFilter filter;
@@ -242,18 +245,44 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
   }
   Neighbors out = Neighbors::Missing(queries.rows, k, Metric::kL2, /*with_values=*/false);
   const ScopedOmpThreads scoped_threads(options_.threads);
+  const size_t table_size = static_cast<size_t>(codebook_.m) * kLutSize;
 #pragma omp parallel if (queries.rows > 1)
   {
     // Per thread and kept between calls (tables of tens of KiB per row otherwise reallocated).
     thread_local Scratch scratch;
     // Contiguous rows per thread: a beam's hypotheses are adjacent rows that probe mostly the
     // same lists, whose codes then come from this core's cache.
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < queries.rows; ++r) {
-      SearchRow(queries.row(r), probes.row(r), static_cast<int>(probes.cols), k, scratch, r, out);
+    const int threads = omp_get_num_threads();
+    const int thread = omp_get_thread_num();
+    const int64_t end = queries.rows * (thread + 1) / threads;
+    for (int64_t first = queries.rows * thread / threads; first < end; first += kTableRows) {
+      const int num = static_cast<int>(std::min<int64_t>(kTableRows, end - first));
+      BuildQueryTables(queries, first, num, scratch);
+      for (int i = 0; i < num; ++i) {
+        SearchRow(queries.row(first + i), scratch.query_luts.data() + i * table_size,
+                  probes.row(first + i), static_cast<int>(probes.cols), k, scratch, first + i, out);
+      }
     }
   }
   return out;
+}
+
+// The table kernel keeps each sub-quantizer's centroids (dsub x 256 floats) in L1 while it
+// builds that part of every query's table: the centroids (512 KiB at d 512) are read once per
+// kTableRows rows instead of once per row. Read per row they came from L2 or beyond and were 5%
+// of a quarter-size shard's time (service_bench b); the tables are the same either way.
+void IvfAdc::BuildQueryTables(MatrixView<const float> queries, int64_t first, int num,
+                              Scratch& scratch) const {
+  const size_t table_size = static_cast<size_t>(codebook_.m) * kLutSize;
+  scratch.query_luts.resize(kTableRows * table_size);
+  const float* xs[kTableRows];
+  float* luts[kTableRows];
+  for (int i = 0; i < num; ++i) {
+    xs[i] = queries.row(first + i);
+    luts[i] = scratch.query_luts.data() + i * table_size;
+  }
+  tables_.residual_luts(xs, num, centroids_t_.data(), zeros_.data(), codebook_.m, codebook_.dsub,
+                        luts);
 }
 
 namespace {
@@ -309,8 +338,8 @@ double IvfAdc::KthBound(int k, const Scratch& scratch) const {
 // it was scanned (the previous form) costed every vector that ranked among the first k of the
 // lists seen so far: about k (1 + ln nprobe) per row instead of k plus those whose bounds
 // straddle the k-th distance.
-void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, int k,
-                       Scratch& scratch, int64_t row, Neighbors& out) const {
+void IvfAdc::SearchRow(const float* query, const float* lut, const int64_t* probes, int nprobe,
+                       int k, Scratch& scratch, int64_t row, Neighbors& out) const {
   const int m = codebook_.m;
   const int d = dim();
   const size_t table_size = static_cast<size_t>(m) * kLutSize;
@@ -319,10 +348,8 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
   scratch.kth_bound = kNoBound;
   scratch.pending.clear();
   scratch.x_norms.resize(nprobe);
-  scratch.query_lut.resize(table_size);
+  scratch.query_lut = lut;
   scratch.query_table.resize(table_size);
-  float* lut = scratch.query_lut.data();
-  tables_.residual_luts(&query, 1, centroids_t_.data(), zeros_.data(), m, codebook_.dsub, &lut);
   const LutQuantization query_bounds =
       adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.query_table.data());
   double query_norm = 0.0;
@@ -331,12 +358,7 @@ void IvfAdc::SearchRow(const float* query, const int64_t* probes, int nprobe, in
   for (int p = 0; p < nprobe; ++p) {
     const int64_t list = probes[p];
     if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
-    const float* centroid = coarse_centroids_.data() + list * d;
-    float x_norm = 0.0f;
-    for (int j = 0; j < d; ++j) {
-      const float x = query[j] - centroid[j];
-      x_norm += x * x;
-    }
+    const float x_norm = adc_internal::SquaredL2(query, coarse_centroids_.data() + list * d, d);
     scratch.x_norms[p] = x_norm;
     if (!query_bounds.keeps_all() &&
         ScanWithQueryTable(p, list, x_norm, query_norm, query_bounds, k, scratch)) {
@@ -435,7 +457,7 @@ void IvfAdc::DeferSurvivors(int probe, int64_t list, float x_norm, const LutQuan
 // Rare: a list whose biases span more than 16-bit sums can hold next to the table's (or a
 // degenerate table). Every vector is costed: the same distances as any other list's.
 void IvfAdc::CostWholeList(int64_t list, float x_norm, int k, Scratch& scratch) const {
-  const float* lut = scratch.query_lut.data();
+  const float* lut = scratch.query_lut;
   const uint32_t* ids = ids_.data() + list_begin_[list];
   const int64_t n = list_begin_[list + 1] - list_begin_[list];
   for (int64_t i = 0; i < n; ++i) {
@@ -460,7 +482,7 @@ void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const
                 pending.end());
   std::sort(pending.begin(), pending.end(),
             [](const Pending& a, const Pending& b) { return a.lower < b.lower; });
-  const float* lut = scratch.query_lut.data();
+  const float* lut = scratch.query_lut;
   for (const Pending& c : pending) {
     if (static_cast<int>(scratch.heap.size()) >= k && c.lower > scratch.heap.front().first) {
       break;  // its distance and every later one exceed the k-th found

@@ -91,8 +91,13 @@ class IvfAdc {
 
   // Fills biases_ (each vector's b) and each list's smallest and largest b.
   void ComputeBiases(const std::vector<std::vector<uint8_t>>& codes);
-  void SearchRow(const float* query, const int64_t* probes, int nprobe, int k, Scratch& scratch,
-                 int64_t row, Neighbors& out) const;
+  // The query tables T (m x 256 floats each, into scratch.query_luts) of queries [first,
+  // first + num).
+  void BuildQueryTables(MatrixView<const float> queries, int64_t first, int num,
+                        Scratch& scratch) const;
+  // Row `row` of out: the k nearest of `query` (T: `lut`) over its probed lists.
+  void SearchRow(const float* query, const float* lut, const int64_t* probes, int nprobe, int k,
+                 Scratch& scratch, int64_t row, Neighbors& out) const;
   // Pre-scans `list` (probe `probe` of the row) with the row's query table (float
   // scratch.query_lut, quantized to scratch.query_table as `query_bounds`); x_norm = ||q − c||².
   // Its survivors join scratch.pending. Returns false, having done nothing, when the list's

@@ -231,6 +231,25 @@ void FilterPackedBlocks(const QuantizedAdcKernels& kernels, const uint8_t* const
   }
 }
 
+float SquaredL2(const float* a, const float* b, int d) {
+  float acc[16] = {};
+  int j = 0;
+  for (; j + 16 <= d; j += 16) {
+    for (int l = 0; l < 16; ++l) {
+      const float x = a[j + l] - b[j + l];
+      acc[l] += x * x;
+    }
+  }
+  for (int l = 0; j + l < d; ++l) {
+    const float x = a[j + l] - b[j + l];
+    acc[l] += x * x;
+  }
+  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+  for (int l = 0; l < 2; ++l) acc[l] += acc[l + 2];
+  return acc[0] + acc[1];
+}
+
 float PackedCost(const float* lut, const PackedLine* blocks, int m_count, int64_t position) {
   uint8_t code[kMaxAdcM];
   CopyLaneCode(blocks + position / kAdcBlock * m_count, m_count,

@@ -96,6 +96,12 @@ class CandidateFilter {
   size_t prune_at_ = 0;
 };
 
+// ||a − b||² of d floats, summed in the canonical order of the exact scans (16 partial sums,
+// lane j taking elements j, j + 16, …, reduced as (j + 8), (j + 4), (j + 2), (j + 1)): partial
+// sums the compiler vectorises (one sum in element order is a chain of d dependent additions),
+// the same bits wherever it is called.
+float SquaredL2(const float* a, const float* b, int d);
+
 // The codebook's centroids transposed per sub-quantizer to dsub x 256, the layout AdcLutFn reads.
 AlignedVector<float> TransposeCentroids(const PqCodebook& codebook);
 
