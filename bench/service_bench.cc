@@ -60,6 +60,7 @@ struct Flags {
   int beam = 5;
   int group_size = 512;
   int subset_rounds = 3;
+  int shard_batch_threads = BatcherOptions().num_threads;  // a) and b): each shard's engine calls at once
 };
 
 // Seeded normal keys generated on the fly (a 1M x 512 matrix would need 2 GB).
@@ -223,11 +224,14 @@ std::string Ms(absl::Duration d) { return absl::StrFormat("%.2f", absl::ToDouble
 
 // The shards of `dir`, `replicas` each, and a router over them.
 struct Cluster {
-  Cluster(const std::string& dir, int shards, int replicas, RouterOptions options) {
+  Cluster(const std::string& dir, int shards, int replicas, RouterOptions options,
+          int batch_threads = BatcherOptions().num_threads) {
+    testing::TestShardOptions shard_options;
+    shard_options.batcher.num_threads = batch_threads;
     ShardMap map;
     for (int r = 0; r < replicas; ++r) {
       for (int s = 0; s < shards; ++s) {
-        servers.push_back(std::make_unique<TestShard>(s, Engine(dir, s)));
+        servers.push_back(std::make_unique<TestShard>(s, Engine(dir, s), shard_options));
         map[s].push_back(servers.back()->address());
       }
     }
@@ -248,7 +252,7 @@ RouterOptions Options(bool hedge) {
 void BenchA(const Flags& flags) {
   const std::string dir = IndexDir(flags, 1);
   std::unique_ptr<SearchEngine> engine = Engine(dir, 0);
-  Cluster cluster(dir, 1, 1, Options(false));
+  Cluster cluster(dir, 1, 1, Options(false), flags.shard_batch_threads);
   std::printf(
       "\n### a) router + 1 shard over loopback vs in-process (%s, %lld x %d, batch %d, "
       "k %d, nprobe %d)\n\n",
@@ -280,7 +284,7 @@ void BenchB(const Flags& flags) {
   absl::StatusOr<std::unique_ptr<SearchEngine>> shard_engines =
       CreateLocalEngine(dir, {.threads = 1, .merge_shards = false});
   KNNSERVE_CHECK(shard_engines.ok(), std::string(shard_engines.status().message()).c_str());
-  Cluster cluster(dir, 4, 1, Options(false));
+  Cluster cluster(dir, 4, 1, Options(false), flags.shard_batch_threads);
   std::printf(
       "\n### b) 4 shards behind the router vs one in-process index of the same size\n\n"
       "| clients | in-process rows/s | 4 shard engines in-process rows/s | 4 shards rows/s | "
@@ -528,6 +532,9 @@ int main(int argc, char** argv) {
   app.add_option("--subset-steps", flags.subset_steps, "steps per stream (d)")
       ->capture_default_str();
   app.add_option("--subset-rounds", flags.subset_rounds, "streams per configuration (d)")
+      ->capture_default_str();
+  app.add_option("--shard-batch-threads", flags.shard_batch_threads,
+                 "a) and b): engine calls each shard runs at once (knnserve-shard --batch-threads)")
       ->capture_default_str();
   app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c, d")
       ->capture_default_str();
