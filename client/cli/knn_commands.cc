@@ -75,7 +75,7 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "auto | on | off: beam search decodes two batches at a time and alternates "
                   "their steps, so that one batch's retrieval runs while the model computes the "
                   "other's step (the same translations as one batch at a time). auto: on with "
-                  "--router, and embedded with batch x beam <= 80 query rows and --threads >= 2")
+                  "--router, and embedded with --threads >= 2")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--router", f->router, "remote retrieval: router address host:port");

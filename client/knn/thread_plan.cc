@@ -5,9 +5,9 @@
 namespace knnserve::knn {
 namespace {
 
-// Up to this many query rows per step (batch x beam), the embedded search runs beside the model,
-// by default with two batches in flight (below). Measured on 2 cores, beam 5, interleaved, before
-// two batches could be in flight: overlapping the full search within a step paid at batch 1 and
+// One batch at a time (--interleave-batches off, or one thread), up to this many query rows per
+// step (batch x beam) the embedded full search runs beside the model. Measured on 2 cores, beam
+// 5, before two batches could be in flight: overlapping the full search within a step paid at batch 1 and
 // 16 (1.06-1.31x), where neither it nor the model's products keep both cores busy, and cost at
 // batch 64 (the threads contend). Overlapping the subset search within a step cost at batch 16
 // (0.87-0.89x) and was neutral at batch 1.
@@ -27,16 +27,17 @@ constexpr int64_t kOneModelThreadStepRows = 40;
 // router and shards on 2 cores, with the decoder at --threads 1 (the servers take the other
 // core; 300 office sentences, beam 5, two rounds), it took kNN-MT at batch 16 from 656 / 621 to
 // 743 / 692 tokens/s and subset kNN-MT from 660 / 583 to 828 / 640 (at batch 64 level: 712 vs
-// 709, 787 vs 783) against --threads 2 one batch at a time. Embedded, the search runs on cores
-// the model would use: it pays up to kOverlapStepRows, where the model keeps to one thread (or
-// gains little from a second) and the search gets the others. Measured on 2 cores, 200 office
-// sentences, two interleaved rounds, tokens/s one batch at a time -> interleaved: subset kNN-MT
-// 463 / 474 -> 608 / 603 at batch 4, 791 / 799 -> 845 / 853 at batch 16; kNN-MT 858 / 885 ->
-// 894 / 896 at batch 16, level at batch 1 (346 / 361 -> 352 / 358). At batch 64 it costs: a
-// one-thread model beside the search loses more than the search takes (subset kNN-MT 921 / 925
-// -> 807 / 807, kNN-MT 877 / 900 -> 837 / 844), and beside a two-thread model every search and
-// the model's parallel regions preempt each other (subset kNN-MT: 2.64-2.69 s against
-// 2.39-2.55 s).
+// 709, 787 vs 783) against --threads 2 one batch at a time. Embedded, with two or more threads,
+// it pays at every batch size since the model's products run on OpenBLAS's AVX-512 kernels
+// (common/process_init.h): a one-thread model beside a one-thread search, 200 office sentences,
+// two rounds, tokens/s one batch at a time -> interleaved (base MT at two threads): kNN-MT at
+// batch 64 435 / 413 -> 623 / 566 (660 / 575), batch 32 389 / 482 -> 537 / 623 (691 / 685);
+// subset kNN-MT at batch 64 521 / 389 -> 581 / 554 (650 / 719), batch 32 495 / 487 -> 621 / 619;
+// the same translations. On the SSE3 kernels the model needed both cores at batch 64 and
+// interleaving cost there (subset kNN-MT 921 / 925 -> 807 / 807, kNN-MT 877 / 900 -> 837 /
+// 844), so until then it was on up to kOverlapStepRows only. Earlier, up to 80 rows: subset
+// kNN-MT 463 / 474 -> 608 / 603 at batch 4, 791 / 799 -> 845 / 853 at batch 16; kNN-MT 858 /
+// 885 -> 894 / 896 at batch 16, level at batch 1 (346 / 361 -> 352 / 358).
 ThreadPlan PlanThreads(const ThreadRequest& request) {
   const int threads = request.threads;
   const int64_t step_rows = request.step_rows;
@@ -45,9 +46,8 @@ ThreadPlan PlanThreads(const ThreadRequest& request) {
   plan.model_threads = small_steps ? 1 : threads;
   if (request.mode == "base") return plan;
   const bool embedded = !request.remote;
-  plan.interleave = request.interleave == "auto"
-                        ? !embedded || (threads >= 2 && step_rows <= kOverlapStepRows)
-                        : request.interleave == "on";
+  plan.interleave =
+      request.interleave == "auto" ? !embedded || threads >= 2 : request.interleave == "on";
   plan.overlap = true;
   if (!embedded) return plan;
   if (plan.interleave) {

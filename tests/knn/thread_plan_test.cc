@@ -26,18 +26,15 @@ TEST(ThreadPlan, BaseRunsOneModelThreadForSmallStepsAndAllBeyond) {
   }
 }
 
-TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndForEmbeddedStepsUpTo80Rows) {
+TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndEmbeddedWithACoreToSpare) {
   for (const char* mode : {"knn", "subset-knn"}) {
     for (int64_t rows : {5, 80, 320}) {
+      EXPECT_TRUE(PlanThreads(Request(mode, true, 1, rows)).interleave) << mode << " " << rows;
       EXPECT_TRUE(PlanThreads(Request(mode, true, 2, rows)).interleave) << mode << " " << rows;
-    }
-  }
-  for (const char* mode : {"knn", "subset-knn"}) {
-    for (int64_t rows : {5, 40, 80}) {
       EXPECT_TRUE(PlanThreads(Request(mode, false, 2, rows)).interleave) << mode << " " << rows;
+      // No core to spare.
+      EXPECT_FALSE(PlanThreads(Request(mode, false, 1, rows)).interleave) << mode << " " << rows;
     }
-    EXPECT_FALSE(PlanThreads(Request(mode, false, 2, 81)).interleave) << mode;
-    EXPECT_FALSE(PlanThreads(Request(mode, false, 1, 5)).interleave) << mode;  // no core to spare
   }
   for (const char* setting : {"on", "off"}) {
     ThreadRequest request = Request("knn", false, 2, 320);
@@ -73,11 +70,18 @@ TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
     EXPECT_EQ(small.model_threads, 1) << mode;
     EXPECT_EQ(small.search_threads, 1) << mode;
   }
-  // Large steps: the search runs after the model, on every thread.
+  // Large steps, two batches in flight: a one-thread search beside a one-thread model.
   const ThreadPlan large = PlanThreads(Request("subset-knn", false, 2, 320));
-  EXPECT_FALSE(large.overlap);
-  EXPECT_EQ(large.model_threads, 2);
-  EXPECT_EQ(large.search_threads, 2);
+  EXPECT_TRUE(large.overlap);
+  EXPECT_EQ(large.model_threads, 1);
+  EXPECT_EQ(large.search_threads, 1);
+  // Large steps one batch at a time: the search runs after the model, on every thread.
+  ThreadRequest one_batch = Request("subset-knn", false, 2, 320);
+  one_batch.interleave = "off";
+  const ThreadPlan after = PlanThreads(one_batch);
+  EXPECT_FALSE(after.overlap);
+  EXPECT_EQ(after.model_threads, 2);
+  EXPECT_EQ(after.search_threads, 2);
 }
 
 TEST(ThreadPlan, ExplicitSearchThreadsAreKept) {
