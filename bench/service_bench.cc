@@ -249,6 +249,39 @@ RouterOptions Options(bool hedge) {
   return options;
 }
 
+// Answers every query at once with no neighbours: what remains is the service's own work.
+class InstantEngine : public SearchEngine {
+ public:
+  InstantEngine(int dim, int64_t num_sentences, int shard, int num_shards) {
+    info_.dim = dim;
+    info_.factory = "Flat";
+    info_.total_vectors = num_sentences;
+    info_.num_sentences = num_sentences;
+    info_.sentence_begin = info_.id_begin = num_sentences * shard / num_shards;
+    info_.sentence_end = info_.id_end = num_sentences * (shard + 1) / num_shards;
+  }
+  const EngineInfo& info() const override { return info_; }
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
+    return EngineResult{
+        Neighbors::Missing(query.queries.rows(), query.params.k, info_.metric, false), 0};
+  }
+
+ private:
+  EngineInfo info_;
+};
+
+// The median latency of a)'s request through the router and one shard whose engine answers at
+// once: the service's own share of a)'s p50 overhead, without the search's noise.
+absl::Duration ServiceAloneLatency(const Flags& flags) {
+  TestShard shard(0, std::make_unique<InstantEngine>(flags.dim, flags.vectors, 0, 1));
+  ShardMap map;
+  map[0].push_back(shard.address());
+  TestRouter router(map, Options(false));
+  const RouterClients clients(flags, router.address(), 1);
+  ThroughRouter(flags, clients, 0.5);  // warm-up: channels, allocations
+  return ThroughRouter(flags, clients, std::max(1.0, flags.seconds / 2)).Quantile(0.5);
+}
+
 void BenchA(const Flags& flags) {
   const std::string dir = IndexDir(flags, 1);
   std::unique_ptr<SearchEngine> engine = Engine(dir, 0);
@@ -273,6 +306,10 @@ void BenchA(const Flags& flags) {
                 Ms(remote.Quantile(0.5) - local.Quantile(0.5)).c_str());
     std::fflush(stdout);
   }
+  std::printf("\nThe same request through the router and a shard whose engine answers at once: "
+              "p50 %s ms.\n",
+              Ms(ServiceAloneLatency(flags)).c_str());
+  std::fflush(stdout);
 }
 
 // The third side searches the 4 shards' engines one after another in the client's thread and
@@ -387,27 +424,6 @@ void BenchC(const Flags& flags) {
     std::fflush(stdout);
   }
 }
-
-// Answers every query at once with no neighbours: what remains is the service's own work.
-class InstantEngine : public SearchEngine {
- public:
-  InstantEngine(int dim, int64_t num_sentences, int shard, int num_shards) {
-    info_.dim = dim;
-    info_.factory = "Flat";
-    info_.total_vectors = num_sentences;
-    info_.num_sentences = num_sentences;
-    info_.sentence_begin = info_.id_begin = num_sentences * shard / num_shards;
-    info_.sentence_end = info_.id_end = num_sentences * (shard + 1) / num_shards;
-  }
-  const EngineInfo& info() const override { return info_; }
-  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
-    return EngineResult{
-        Neighbors::Missing(query.queries.rows(), query.params.k, info_.metric, false), 0};
-  }
-
- private:
-  EngineInfo info_;
-};
 
 // One decoding batch's stream: the setup, then `subset_steps` steps; returns the median step
 // time (the setup and the first step, where the shards learn the subset, included in none).
