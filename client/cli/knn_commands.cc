@@ -166,7 +166,8 @@ knn::ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t st
 }
 
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
-// selector for subset-knn (searching on `threads`), and processors with flags.knn, as `plan`
+// selector for subset-knn (searching on the search's threads, or `threads` when nothing runs
+// beside the model), and processors with flags.knn, as `plan`
 // says.
 absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads,
                                  const knn::ThreadPlan& plan) {
@@ -201,8 +202,10 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
       return absl::InvalidArgumentError(
           "subset-knn needs the sentence index: --datastore DIR or --sentence-index DIR");
     }
-    ASSIGN_OR_RETURN(setup.selector,
-                     knn::SentenceIndexSelector::Load(path, flags.subset_sentences, threads));
+    // The selection runs on the processors' workers, beside the model when searches do.
+    const int select_threads = plan.overlap ? plan.search_threads : threads;
+    ASSIGN_OR_RETURN(setup.selector, knn::SentenceIndexSelector::Load(
+                                         path, flags.subset_sentences, select_threads));
   }
   setup.interleave = plan.interleave;
   RETURN_IF_ERROR(ResetProcessor(flags.knn, setup));

@@ -56,7 +56,8 @@ class SubsetSelector {
  public:
   virtual ~SubsetSelector() = default;
   // One group of distinct datastore sentence ids per source sentence (row of src_tokens
-  // [batch, src_len]); encoder_out is the batch's encoder output.
+  // [batch, src_len]); encoder_out is the batch's encoder output. Called on the processors'
+  // worker threads: with two batches in flight, from two threads at once.
   virtual absl::StatusOr<SubsetGroups> Select(const torch::Tensor& src_tokens,
                                               const model::EncoderOutput& encoder_out) = 0;
 };
@@ -89,7 +90,10 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
                                                                     const KnnOptions& options,
                                                                     SubsetSelector* selector);
 
-  // Ends the previous batch's session and starts this batch's (declaring its subset).
+  // Ends the previous batch's session and starts this batch's (declaring its subset). Both,
+  // and the subset selection, run on the worker ahead of the batch's first search: with two
+  // batches in flight they overlap the other batch's steps. Their errors are returned by the
+  // batch's first Process.
   absl::Status BeginBatch(const torch::Tensor& src_tokens,
                           const model::EncoderOutput& encoder_out) override;
   // With overlap_search, starts the step's search with context.features (and, for subset
@@ -117,14 +121,29 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   void RunSearch(PendingStep& step) const;
   // Waits for a search whose step failed before Process, and drops it.
   void DiscardPendingStep();
+  // On the worker: the batch's subset selection and session (session_, setup_).
+  void SetUpBatch(const torch::Tensor& src_tokens, const model::EncoderOutput& encoder_out);
+  // After WorkerThread::Wait: adds the setup's selection to stats_ (once) and returns its status.
+  absl::Status CollectSetup();
+
+  // What SetUpBatch did; written by the worker, read after WorkerThread::Wait.
+  struct BatchSetup {
+    absl::Status status;
+    absl::Duration select_time;
+    int64_t sentences = 0;
+    bool collected = true;  // already added to stats_
+  };
 
   Retriever* const retriever_;
   const KnnOptions options_;
   SubsetSelector* const selector_;
-  std::unique_ptr<RetrievalSession> session_;
-  bool subset_ = false;  // whether session_ declared groups (one per batch sentence)
+  std::unique_ptr<RetrievalSession> session_;  // used on the worker, or after Wait
+  BatchSetup setup_;
+  bool batch_begun_ = false;
+  bool subset_ = false;  // whether session_ declares groups (one per batch sentence)
   KnnStats stats_;
-  // The worker's job uses session_ and *pending_: declared last, it is destroyed (joined) first.
+  // The worker's jobs use session_, setup_ and *pending_: declared last, it is destroyed
+  // (joined) first.
   std::unique_ptr<PendingStep> pending_;
   WorkerThread worker_;
 };

@@ -17,7 +17,8 @@ namespace knnserve::knn {
 
 // Selects the n nearest datastore sentences (by model::AverageEncoderStates) in a sentence index
 // whose ids are datastore sentence numbers (`knnserve datastore build` writes it to
-// DIR/sentence_index/, an index directory of one embedding per sentence). Thread-compatible.
+// DIR/sentence_index/, an index directory of one embedding per sentence). Thread-safe: Select
+// only reads (the index search is const).
 class SentenceIndexSelector : public SubsetSelector {
  public:
   // REQUIRES: n >= 1. `index` holds one embedding per datastore sentence (id = sentence).

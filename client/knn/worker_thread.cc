@@ -5,7 +5,7 @@
 namespace knnserve::knn {
 namespace {
 
-bool Idle(bool* busy) { return !*busy; }
+bool Idle(int* unfinished) { return *unfinished == 0; }
 
 }  // namespace
 
@@ -13,7 +13,7 @@ WorkerThread::~WorkerThread() {
   if (!thread_.joinable()) return;
   {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(Idle, &busy_));
+    mu_.Await(absl::Condition(Idle, &unfinished_));
     stop_ = true;
   }
   thread_.join();
@@ -22,15 +22,15 @@ WorkerThread::~WorkerThread() {
 void WorkerThread::Post(std::function<void()> job) {
   {
     absl::MutexLock lock(&mu_);
-    job_ = std::move(job);
-    busy_ = true;
+    jobs_.push_back(std::move(job));
+    ++unfinished_;
   }
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
 
 void WorkerThread::Wait() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(Idle, &busy_));
+  mu_.Await(absl::Condition(Idle, &unfinished_));
 }
 
 void WorkerThread::Loop() {
@@ -40,14 +40,15 @@ void WorkerThread::Loop() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](WorkerThread* w)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return w->stop_ || w->job_ != nullptr; },
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return w->stop_ || !w->jobs_.empty(); },
           this));
       if (stop_) return;
-      job = std::exchange(job_, nullptr);
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
     }
     job();
     absl::MutexLock lock(&mu_);
-    busy_ = false;
+    --unfinished_;
   }
 }
 
