@@ -204,7 +204,7 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> KnnLogitsProcessor::Create(
 }
 
 // The selection reads the whole sentence index for each batch (a Flat index of the demo's 57,765
-// sentences is 59 MB: 6 ms for one source sentence), on the decoding thread it was 6% of subset
+// sentences is 59 MB: 6 ms for one source sentence); on the decoding thread it was 6% of subset
 // kNN-MT's time at batch 1. On the worker, before the batch's first search (the worker runs its
 // jobs in order), it runs while the model computes the other batch's steps.
 absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
