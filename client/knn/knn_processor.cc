@@ -212,8 +212,6 @@ absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
   DiscardPendingStep();
   CollectSetup().IgnoreError();  // a failed setup was returned by the previous batch's Process
   batch_begun_ = true;
-  subset_ = selector_ != nullptr;
-  setup_.collected = false;
   ++stats_.batches;
   worker_.Post([this, src_tokens, encoder_out] { SetUpBatch(src_tokens, encoder_out); });
   return absl::OkStatus();
@@ -222,23 +220,23 @@ absl::Status KnnLogitsProcessor::BeginBatch(const torch::Tensor& src_tokens,
 void KnnLogitsProcessor::SetUpBatch(const torch::Tensor& src_tokens,
                                     const model::EncoderOutput& encoder_out) {
   session_.reset();  // one stream per batch: the previous batch's session ends here
-  setup_.select_time = absl::ZeroDuration();
-  setup_.sentences = 0;
-  setup_.status = [&]() -> absl::Status {
+  BatchSetup setup{.collected = false};
+  setup.status = [&]() -> absl::Status {
     SubsetGroups groups;
     if (selector_ != nullptr) {
       const absl::Time start = absl::Now();
       ASSIGN_OR_RETURN(groups, selector_->Select(src_tokens, encoder_out));
-      setup_.select_time = absl::Now() - start;
+      setup.select_time = absl::Now() - start;
       if (static_cast<int64_t>(groups.size()) != src_tokens.size(0)) {
         return absl::InternalError(absl::StrCat("subset selection returned ", groups.size(),
                                                 " groups for ", src_tokens.size(0), " sentences"));
       }
-      for (const auto& group : groups) setup_.sentences += group.size();
+      for (const auto& group : groups) setup.sentences += group.size();
     }
     ASSIGN_OR_RETURN(session_, retriever_->StartSession(std::move(groups)));
     return absl::OkStatus();
   }();
+  setup_ = std::move(setup);
 }
 
 absl::Status KnnLogitsProcessor::CollectSetup() {
@@ -255,7 +253,7 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor::PendingStep>> KnnLogitsProces
   if (!batch_begun_) return absl::FailedPreconditionError("kNN-MT step before BeginBatch");
   auto step = std::make_unique<PendingStep>();
   step->features = QueryTensor(context.features);
-  if (subset_) {
+  if (selector_ != nullptr) {  // the session declared one group per batch sentence
     const torch::Tensor sentence = context.sentence.to(torch::kCPU, torch::kLong).contiguous();
     const int64_t* s = sentence.data_ptr<int64_t>();
     step->row_group.assign(s, s + sentence.numel());

@@ -140,7 +140,6 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   std::unique_ptr<RetrievalSession> session_;  // used on the worker, or after Wait
   BatchSetup setup_;
   bool batch_begun_ = false;
-  bool subset_ = false;  // whether session_ declares groups (one per batch sentence)
   KnnStats stats_;
   // The worker's jobs use session_, setup_ and *pending_: declared last, it is destroyed
   // (joined) first.
