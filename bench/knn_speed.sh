@@ -9,11 +9,11 @@
 #   bench/knn_speed.sh [SENTENCES]       (default 200 office test sentences)
 #
 # Environment: BUILD (build), DEMO_DIR (runs/knn-demo), BATCHES ("1 16 64"), ROUNDS (2), BEAM (5),
-# THREADS (2), REMOTE_THREADS (1), PORT (6450), KNN_PARAMS (scripts/demo-knn.json), NPROBE (8).
-# The remote modes' decoder runs with REMOTE_THREADS threads: the router and the shards run on
-# the same machine and need the other core (and the decoder interleaves two batches, the default
-# with --router, so that one batch's retrieval runs while the model computes the other's step);
-# REMOTE_THREADS=$THREADS compares every mode at the same thread count.
+# THREADS (2), REMOTE_THREADS (THREADS), SERVER_NICE (19), PORT (6450), KNN_PARAMS
+# (scripts/demo-knn.json), NPROBE (8). The router and the shards run on the same machine as the
+# decoder, at niceness SERVER_NICE: the decoder's model threads go first and the servers take
+# the time they leave (the decoder interleaves two batches, the default with --router, so that
+# one batch's retrieval runs while the model computes the other's step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SENTENCES=${1:-200}
@@ -23,7 +23,8 @@ BATCHES=${BATCHES:-1 16 64}
 ROUNDS=${ROUNDS:-2}
 BEAM=${BEAM:-5}
 THREADS=${THREADS:-2}
-REMOTE_THREADS=${REMOTE_THREADS:-1}
+REMOTE_THREADS=${REMOTE_THREADS:-$THREADS}
+SERVER_NICE=${SERVER_NICE:-19}
 PORT=${PORT:-6450}
 KNN_PARAMS=${KNN_PARAMS:-scripts/demo-knn.json}
 NPROBE=${NPROBE:-8}
@@ -38,7 +39,8 @@ head -n "$SENTENCES" "$DEMO_DIR/test.tsv" > "$OUT/input.tsv"
 
 CLUSTER=$OUT/cluster
 trap 'deploy/local/down.sh -d "$CLUSTER" >&2 || true' EXIT
-address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$PORT" -d "$CLUSTER")
+address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$PORT" -d "$CLUSTER" \
+  -n "$SERVER_NICE")
 
 run() {  # name batch threads flags...
   local name=$1 batch=$2 threads=$3; shift 3

@@ -22,8 +22,8 @@
 #
 # Environment: BUILD (default build), DEMO_DIR (runs/knn-demo), DEMO_SENTENCES (test sentences,
 # default all 1000), THREADS (2), REMOTE_THREADS (decoder threads of kNN-MT through the router,
-# 1: the servers on this machine take the other core), BEAM (5), BATCH (64), PORT (router port,
-# 6400).
+# default THREADS), SERVER_NICE (the servers' niceness, 19: the decoder on this machine goes
+# first), BEAM (5), BATCH (64), PORT (router port, 6400).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +39,8 @@ done
 BUILD=${BUILD:-build}
 DEMO_DIR=${DEMO_DIR:-runs/knn-demo}
 THREADS=${THREADS:-2}
-REMOTE_THREADS=${REMOTE_THREADS:-1}
+REMOTE_THREADS=${REMOTE_THREADS:-$THREADS}
+SERVER_NICE=${SERVER_NICE:-19}
 BEAM=${BEAM:-5}
 BATCH=${BATCH:-64}
 PORT=${PORT:-6400}
@@ -113,9 +114,11 @@ else
   CLUSTER=$DEMO_DIR/cluster
   if [[ -s $CLUSTER/pids ]]; then deploy/local/down.sh -d "$CLUSTER" >&2 || true; fi
   trap 'deploy/local/down.sh -d "$CLUSTER" >&2 || true' EXIT
-  address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$PORT" -d "$CLUSTER")
+  address=$(KNNSERVE_BIN=$BUILD/bin deploy/local/up.sh "$DATASTORE/index" -p "$PORT" \
+    -d "$CLUSTER" -n "$SERVER_NICE")
   # The decoder interleaves two batches (one's retrieval runs while the model computes the
-  # other's step) and leaves the servers a core (docs/knn.md).
+  # other's step); up to batch 16 its model leaves the servers a core, beyond it the servers
+  # run in the time the model's threads leave (docs/knn.md).
   WHERE=(--datastore "$DATASTORE" --router "$address" --threads "$REMOTE_THREADS")
   ROUTER=(router "$address")
 fi

@@ -188,6 +188,7 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
     ASSIGN_OR_RETURN(setup.retriever,
                      knn::LocalRetriever::Create(flags.index_dir, plan.search_threads));
     flags.knn.overlap_search = plan.overlap;
+    flags.knn.background_search = plan.background_search;
   } else {
     flags.remote.address = flags.router;
     flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);
@@ -317,7 +318,8 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   out.flush();
   std::string threads = absl::StrCat(flags.threads, " threads: model ", plan.model_threads);
   if (knn->retriever != nullptr && flags.retrieval.router.empty()) {
-    absl::StrAppend(&threads, ", search ", plan.search_threads);
+    absl::StrAppend(&threads, ", search ", plan.search_threads,
+                    plan.background_search ? " in the background" : "");
   }
   if (plan.interleave) absl::StrAppend(&threads, ", two batches interleaved");
   std::fprintf(stderr, "%s (beam %d, batch %lld, %s)\n",

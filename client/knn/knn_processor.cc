@@ -177,7 +177,10 @@ struct KnnLogitsProcessor::PendingStep {
 
 KnnLogitsProcessor::KnnLogitsProcessor(Retriever* retriever, const KnnOptions& options,
                                        SubsetSelector* selector)
-    : retriever_(retriever), options_(options), selector_(selector) {}
+    : retriever_(retriever),
+      options_(options),
+      selector_(selector),
+      worker_(options.background_search ? WorkerPriority::kIdle : WorkerPriority::kNormal) {}
 
 KnnLogitsProcessor::~KnnLogitsProcessor() = default;
 

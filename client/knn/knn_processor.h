@@ -35,6 +35,10 @@ struct KnnOptions {
   // Whether a step's search starts at BeginStep, on the processor's worker thread, and runs
   // while the model computes the log-probabilities; otherwise Process searches.
   bool overlap_search = true;
+  // Whether that worker (the searches and the batch setup) runs at idle CPU priority
+  // (WorkerPriority::kIdle): on cores the model's threads also use, it takes only the time they
+  // leave.
+  bool background_search = false;
 };
 
 // INVALID_ARGUMENT naming the bad knob.

@@ -24,6 +24,10 @@ struct ThreadPlan {
   int search_threads = 1;   // the embedded search's (unused when remote)
   bool interleave = false;  // two batches in flight
   bool overlap = false;     // a step's search starts at BeginStep on the processor's worker
+  // The embedded search's worker runs at idle CPU priority on cores the model's threads also
+  // use (KnnOptions::background_search); otherwise, when it overlaps the model, the two get
+  // separate cores.
+  bool background_search = false;
 };
 
 // REQUIRES: request.threads >= 1, request.search_threads >= 0, interleave one of the three.

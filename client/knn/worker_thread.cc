@@ -1,11 +1,25 @@
 #include "client/knn/worker_thread.h"
 
+#include <sched.h>
+
 #include <utility>
 
 namespace knnserve::knn {
 namespace {
 
 bool Idle(int* unfinished) { return *unfinished == 0; }
+
+// Applies to the calling thread only (Linux schedules threads), and to the threads it starts,
+// e.g. an OpenMP team of the search's. Where it fails the worker keeps the normal priority:
+// slower decoding, same results.
+void SetCallingThreadPriority(WorkerPriority priority) {
+#ifdef SCHED_IDLE
+  if (priority == WorkerPriority::kIdle) {
+    const sched_param param{};
+    sched_setscheduler(0, SCHED_IDLE, &param);
+  }
+#endif
+}
 
 }  // namespace
 
@@ -34,6 +48,7 @@ void WorkerThread::Wait() {
 }
 
 void WorkerThread::Loop() {
+  SetCallingThreadPriority(priority_);
   for (;;) {
     std::function<void()> job;
     {

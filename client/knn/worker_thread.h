@@ -12,11 +12,19 @@
 
 namespace knnserve::knn {
 
+// How the worker competes for CPU with the rest of the process.
+enum class WorkerPriority {
+  kNormal,
+  // Linux SCHED_IDLE: the worker runs only on a core that has nothing else to run, so that it
+  // can share cores with the model's threads without ever preempting them (elsewhere: normal).
+  kIdle,
+};
+
 // Thread-compatible: one owning thread calls Post and Wait. The thread starts with the first
 // Post; the destructor waits for the posted jobs and joins it.
 class WorkerThread {
  public:
-  WorkerThread() = default;
+  explicit WorkerThread(WorkerPriority priority = WorkerPriority::kNormal) : priority_(priority) {}
   WorkerThread(const WorkerThread&) = delete;
   WorkerThread& operator=(const WorkerThread&) = delete;
   ~WorkerThread();
@@ -29,6 +37,7 @@ class WorkerThread {
  private:
   void Loop();
 
+  const WorkerPriority priority_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);  // not yet taken
   int unfinished_ ABSL_GUARDED_BY(mu_) = 0;                      // posted, not yet returned

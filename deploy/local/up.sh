@@ -3,23 +3,27 @@
 # index × R replicas (knnserve-shard) and a router (knnserve-router) in front of them. Waits
 # until every process reports it is serving, then prints the router's address.
 #
-#   deploy/local/up.sh INDEX_DIR [-r REPLICAS] [-p BASE_PORT] [-d RUN_DIR] [-- ROUTER_FLAGS...]
+#   deploy/local/up.sh INDEX_DIR [-r REPLICAS] [-p BASE_PORT] [-d RUN_DIR] [-n NICE]
+#                      [-- ROUTER_FLAGS...]
 #
+# -n runs every server at that niceness (nice(1)): with a decoder on the same machine, e.g.
+# -n 19 lets the decoder's model threads go first and the servers fill the time they leave.
 # Ports: the router listens on BASE_PORT (default 6000), its metrics on BASE_PORT+1; shard s,
 # replica r on BASE_PORT+10+2*(s*R+r), its metrics on the port after. Logs, pids and the shard
 # map go to RUN_DIR (default /tmp/knnserve-local). Binaries come from $KNNSERVE_BIN (default
 # build/bin). deploy/local/down.sh stops the cluster.
 set -euo pipefail
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 index_dir=$1; shift
-replicas=1; base_port=6000; run_dir=/tmp/knnserve-local
+replicas=1; base_port=6000; run_dir=/tmp/knnserve-local; niceness=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     -r) replicas=$2; shift 2 ;;
     -p) base_port=$2; shift 2 ;;
     -d) run_dir=$2; shift 2 ;;
+    -n) niceness=$2; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -30,6 +34,10 @@ bin=${KNNSERVE_BIN:-$repo/build/bin}
 for exe in knnserve-shard knnserve-router; do
   [[ -x $bin/$exe ]] || { echo "up.sh: $bin/$exe not found (build it, or set KNNSERVE_BIN)" >&2; exit 1; }
 done
+if [[ ! $niceness =~ ^-?[0-9]+$ ]]; then
+  echo "up.sh: -n wants an integer niceness, not '$niceness'" >&2
+  exit 2
+fi
 [[ -f $index_dir/manifest.json ]] || { echo "up.sh: $index_dir/manifest.json not found" >&2; exit 1; }
 if [[ -s $run_dir/pids ]]; then
   echo "up.sh: $run_dir/pids exists: a cluster is running (deploy/local/down.sh -d $run_dir)" >&2
@@ -47,8 +55,8 @@ for ((s = 0; s < shards; s++)); do
   for ((r = 0; r < replicas; r++)); do
     port=$((base_port + 10 + 2 * (s * replicas + r)))
     log=$run_dir/logs/shard-$s-$r.log
-    "$bin/knnserve-shard" --index "$index_dir" --shard "$s" --listen "127.0.0.1:$port" \
-      --metrics-listen "127.0.0.1:$((port + 1))" > "$log" 2>&1 &
+    nice -n "$niceness" "$bin/knnserve-shard" --index "$index_dir" --shard "$s" \
+      --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" > "$log" 2>&1 &
     echo $! >> "$run_dir/pids"
     logs+=("$log")
     line="$line 127.0.0.1:$port"
@@ -56,8 +64,9 @@ for ((s = 0; s < shards; s++)); do
   echo "$line" >> "$run_dir/shards.txt"
 done
 router_log=$run_dir/logs/router.log
-"$bin/knnserve-router" --shards "$run_dir/shards.txt" --listen "127.0.0.1:$base_port" \
-  --metrics-listen "127.0.0.1:$((base_port + 1))" "${router_flags[@]}" > "$router_log" 2>&1 &
+nice -n "$niceness" "$bin/knnserve-router" --shards "$run_dir/shards.txt" \
+  --listen "127.0.0.1:$base_port" --metrics-listen "127.0.0.1:$((base_port + 1))" \
+  "${router_flags[@]}" > "$router_log" 2>&1 &
 echo $! >> "$run_dir/pids"
 logs+=("$router_log")
 

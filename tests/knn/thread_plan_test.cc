@@ -43,9 +43,10 @@ TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndEmbeddedWithACoreToSpare) {
   }
 }
 
-// With the automatic settings, an embedded search that runs while the model computes never
-// shares the model's cores: OpenMP teams on shared cores preempt each other at every barrier.
-TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
+// With the automatic settings, an embedded search that runs while the model computes shares the
+// model's cores only from the background (idle priority): OpenMP teams on shared cores preempt
+// each other at every barrier.
+TEST(ThreadPlan, ConcurrentModelAndSearchShareCoresOnlyFromTheBackground) {
   for (const char* mode : {"knn", "subset-knn"}) {
     for (int threads : {1, 2, 3, 8}) {
       for (int64_t rows : {1, 5, 40, 41, 80, 81, 320}) {
@@ -53,7 +54,13 @@ TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
         SCOPED_TRACE(testing::Message() << mode << " threads " << threads << " rows " << rows);
         EXPECT_GE(plan.model_threads, 1);
         EXPECT_GE(plan.search_threads, 1);
-        if (plan.overlap) {
+        if (plan.background_search) {
+          EXPECT_TRUE(plan.interleave);
+          EXPECT_TRUE(plan.overlap);
+          EXPECT_GT(rows, 80);
+          EXPECT_EQ(plan.model_threads, threads);
+          EXPECT_EQ(plan.search_threads, 1);
+        } else if (plan.overlap) {
           EXPECT_LE(plan.model_threads + plan.search_threads, threads);
         } else {
           EXPECT_FALSE(plan.interleave);
@@ -70,11 +77,15 @@ TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
     EXPECT_EQ(small.model_threads, 1) << mode;
     EXPECT_EQ(small.search_threads, 1) << mode;
   }
-  // Large steps, two batches in flight: a one-thread search beside a one-thread model.
-  const ThreadPlan large = PlanThreads(Request("subset-knn", false, 2, 320));
-  EXPECT_TRUE(large.overlap);
-  EXPECT_EQ(large.model_threads, 1);
-  EXPECT_EQ(large.search_threads, 1);
+  // Large steps, two batches in flight: the model on every thread, a one-thread search in the
+  // background.
+  for (const char* mode : {"knn", "subset-knn"}) {
+    const ThreadPlan large = PlanThreads(Request(mode, false, 2, 320));
+    EXPECT_TRUE(large.interleave) << mode;
+    EXPECT_TRUE(large.background_search) << mode;
+    EXPECT_EQ(large.model_threads, 2) << mode;
+    EXPECT_EQ(large.search_threads, 1) << mode;
+  }
   // Large steps one batch at a time: the search runs after the model, on every thread.
   ThreadRequest one_batch = Request("subset-knn", false, 2, 320);
   one_batch.interleave = "off";
@@ -82,6 +93,21 @@ TEST(ThreadPlan, ConcurrentModelAndSearchGetSeparateCores) {
   EXPECT_FALSE(after.overlap);
   EXPECT_EQ(after.model_threads, 2);
   EXPECT_EQ(after.search_threads, 2);
+}
+
+// Through the router the servers' work is not the decoder's to plan; co-located with it, they
+// need a core up to 80 query rows a step.
+TEST(ThreadPlan, RemoteRunsOneModelThreadUpTo80RowsAndAllBeyond) {
+  for (const char* mode : {"knn", "subset-knn"}) {
+    for (int64_t rows : {1, 40, 41, 80}) {
+      const ThreadPlan plan = PlanThreads(Request(mode, true, 2, rows));
+      EXPECT_EQ(plan.model_threads, 1) << mode << " " << rows;
+      EXPECT_FALSE(plan.background_search) << mode << " " << rows;
+    }
+    EXPECT_EQ(PlanThreads(Request(mode, true, 2, 81)).model_threads, 2) << mode;
+    EXPECT_EQ(PlanThreads(Request(mode, true, 4, 320)).model_threads, 4) << mode;
+    EXPECT_FALSE(PlanThreads(Request(mode, true, 2, 320)).background_search) << mode;
+  }
 }
 
 TEST(ThreadPlan, ExplicitSearchThreadsAreKept) {
@@ -95,6 +121,7 @@ TEST(ThreadPlan, ExplicitSearchThreadsAreKept) {
   request.search_threads = 1;
   plan = PlanThreads(request);
   EXPECT_TRUE(plan.interleave);
+  EXPECT_FALSE(plan.background_search);
   EXPECT_EQ(plan.search_threads, 1);
   EXPECT_EQ(plan.model_threads, 3);
 }

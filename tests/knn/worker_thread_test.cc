@@ -1,5 +1,7 @@
 #include "client/knn/worker_thread.h"
 
+#include <sched.h>
+
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -25,6 +27,23 @@ TEST(WorkerThread, RunsQueuedJobsInOrderAndWaitCoversThemAll) {
   worker.Post([&] { order.push_back(5); });
   worker.Wait();
   EXPECT_EQ(order.back(), 5);
+}
+
+// The background search takes only what the model's threads leave: its worker runs at idle
+// priority, and the owner's thread keeps its own.
+TEST(WorkerThread, IdlePriorityAppliesToTheWorkerAlone) {
+  const int owner_policy = sched_getscheduler(0);
+  int normal_policy = -1;
+  int idle_policy = -1;
+  {
+    WorkerThread normal;
+    normal.Post([&] { normal_policy = sched_getscheduler(0); });
+    WorkerThread idle(WorkerPriority::kIdle);
+    idle.Post([&] { idle_policy = sched_getscheduler(0); });
+  }
+  EXPECT_EQ(normal_policy, owner_policy);
+  EXPECT_EQ(idle_policy, SCHED_IDLE);
+  EXPECT_EQ(sched_getscheduler(0), owner_policy);
 }
 
 }  // namespace
