@@ -21,20 +21,21 @@ constexpr int64_t kOverlapStepRows = 80;
 // 1035 / 823), at batch 64 two threads are ~1.2x faster.
 constexpr int64_t kOneModelThreadStepRows = 40;
 
-// kNN-MT with two batches in flight (embedded) or through co-located servers keeps the model on
-// one thread up to this many query rows a step, and the other cores run the search, the
-// servers, or nothing; beyond it the model takes every thread and an embedded search runs in
-// the background (ThreadPlan::background_search). Measured on 2 cores (200 office sentences,
-// beam 5, two rounds each, seconds; base MT at two threads in brackets), embedded, a one-thread
-// model beside a one-thread search -> a two-thread model and the search in the background:
-// batch 64 kNN-MT 6.79 / 7.04 -> 6.56 / 6.26 (4.97 / 4.56) and 7.37 / 8.88 -> 6.93 / 7.34
-// (5.42 / 5.70), subset kNN-MT 8.31 / 7.35 -> 5.62 / 5.77 and 7.29 / 6.64 -> 6.58 / 6.01;
-// batch 16 kNN-MT 8.92 / 7.73 -> 8.73 / 7.89 (6.27 / 6.71), subset kNN-MT 7.55 / 8.60 -> 8.17 /
-// 8.99. Through the demo's router and 2 shards on the same 2 cores, the servers at nice 19
-// (deploy/local/up.sh -n), kNN-MT with the model at one thread -> two: batch 16 7.57 / 8.19 ->
-// 8.68 / 9.50 (6.17 / 5.05), batch 64 7.39 / 8.34 -> 6.44 / 7.59 (5.26 / 6.64); with the
+// Beyond kOneModelThreadStepRows an embedded kNN-MT run with two batches in flight gives the
+// model every thread, as base MT has, and runs a one-thread search in the background
+// (ThreadPlan::background_search) instead of beside a model one thread short. Measured on 2
+// cores (200 office sentences, beam 5, seconds; base MT at two threads in brackets), a
+// one-thread model beside a one-thread search -> a two-thread model and the search in the
+// background: batch 64 kNN-MT 6.79 / 7.04 -> 6.56 / 6.26 (4.97 / 4.56) and 7.37 / 8.88 ->
+// 6.93 / 7.34 (5.42 / 5.70), subset kNN-MT 8.31 / 7.35 -> 5.62 / 5.77 and 7.29 / 6.64 -> 6.58 /
+// 6.01; batch 16 (five pairs) kNN-MT 38.7 -> 37.0 s in all, subset kNN-MT 36.8 -> 37.1 s.
+//
+// Through a router whose servers share the decoder's cores, the model keeps one thread up to
+// this many rows. Measured with the demo's router and 2 shards on the same 2 cores at nice 19
+// (deploy/local/up.sh -n), kNN-MT, the model at one thread -> two: batch 16 7.57 / 8.19 ->
+// 8.68 / 9.50 (base 6.17 / 5.05), batch 64 7.39 / 8.34 -> 6.44 / 7.59 (5.26 / 6.64); with the
 // servers at normal priority and a one-thread model: 8.54 / 9.94 and 8.43 / 8.69.
-constexpr int64_t kKnnOneModelThreadStepRows = 80;
+constexpr int64_t kRemoteOneModelThreadStepRows = 80;
 
 }  // namespace
 
@@ -61,17 +62,15 @@ ThreadPlan PlanThreads(const ThreadRequest& request) {
   plan.model_threads = small_steps ? 1 : threads;
   if (request.mode == "base") return plan;
   const bool embedded = !request.remote;
-  const bool model_alone = step_rows <= kKnnOneModelThreadStepRows;
   plan.interleave =
       request.interleave == "auto" ? !embedded || threads >= 2 : request.interleave == "on";
   plan.overlap = true;
   if (!embedded) {
-    if (model_alone) plan.model_threads = 1;
+    if (step_rows <= kRemoteOneModelThreadStepRows) plan.model_threads = 1;
     return plan;
   }
   if (plan.interleave) {
-    if (request.search_threads == 0 && !model_alone) {
-      plan.model_threads = threads;
+    if (request.search_threads == 0 && !small_steps) {
       plan.search_threads = 1;
       plan.background_search = true;
       return plan;

@@ -57,7 +57,7 @@ TEST(ThreadPlan, ConcurrentModelAndSearchShareCoresOnlyFromTheBackground) {
         if (plan.background_search) {
           EXPECT_TRUE(plan.interleave);
           EXPECT_TRUE(plan.overlap);
-          EXPECT_GT(rows, 80);
+          EXPECT_GT(rows, 40);
           EXPECT_EQ(plan.model_threads, threads);
           EXPECT_EQ(plan.search_threads, 1);
         } else if (plan.overlap) {
@@ -71,16 +71,16 @@ TEST(ThreadPlan, ConcurrentModelAndSearchShareCoresOnlyFromTheBackground) {
   }
   // Small steps: a one-thread search beside a one-thread model, two batches in flight.
   for (const char* mode : {"knn", "subset-knn"}) {
-    const ThreadPlan small = PlanThreads(Request(mode, false, 2, 80));
+    const ThreadPlan small = PlanThreads(Request(mode, false, 2, 40));
     EXPECT_TRUE(small.interleave) << mode;
     EXPECT_TRUE(small.overlap) << mode;
     EXPECT_EQ(small.model_threads, 1) << mode;
     EXPECT_EQ(small.search_threads, 1) << mode;
   }
-  // Large steps, two batches in flight: the model on every thread, a one-thread search in the
+  // Larger steps, two batches in flight: the model on every thread, a one-thread search in the
   // background.
   for (const char* mode : {"knn", "subset-knn"}) {
-    const ThreadPlan large = PlanThreads(Request(mode, false, 2, 320));
+    const ThreadPlan large = PlanThreads(Request(mode, false, 2, 41));
     EXPECT_TRUE(large.interleave) << mode;
     EXPECT_TRUE(large.background_search) << mode;
     EXPECT_EQ(large.model_threads, 2) << mode;
