@@ -31,10 +31,12 @@ constexpr int64_t kOneModelThreadStepRows = 40;
 // 6.01; batch 16 (five pairs) kNN-MT 38.7 -> 37.0 s in all, subset kNN-MT 36.8 -> 37.1 s.
 //
 // Through a router whose servers share the decoder's cores, the model keeps one thread up to
-// this many rows. Measured with the demo's router and 2 shards on the same 2 cores at nice 19
-// (deploy/local/up.sh -n), kNN-MT, the model at one thread -> two: batch 16 7.57 / 8.19 ->
-// 8.68 / 9.50 (base 6.17 / 5.05), batch 64 7.39 / 8.34 -> 6.44 / 7.59 (5.26 / 6.64); with the
-// servers at normal priority and a one-thread model: 8.54 / 9.94 and 8.43 / 8.69.
+// this many rows. Measured with the demo's router and 2 shards on the same 2 cores at idle
+// priority (chrt -i; the scripts use nice 19, deploy/local/up.sh -n), kNN-MT, seconds, the
+// model at one thread -> two: batch 16 7.57 / 8.19 -> 8.68 / 9.50 (base MT 5.05 / 6.17), batch
+// 64 7.39 / 8.34 -> 6.44 / 7.59 (5.26 / 6.64); the servers at nice 19 and a two-thread model:
+// 8.57 / 9.21 and 6.55 / 7.13; at normal priority and a one-thread model: 8.54 / 9.94 and
+// 8.43 / 8.69.
 constexpr int64_t kRemoteOneModelThreadStepRows = 80;
 
 }  // namespace
