@@ -77,9 +77,8 @@ ThreadPlan PlanThreads(const ThreadRequest& request) {
       plan.background_search = true;
       return plan;
     }
-    plan.search_threads = request.search_threads > 0 ? request.search_threads
-                          : small_steps              ? std::max(1, threads - 1)
-                                                     : 1;
+    plan.search_threads =
+        request.search_threads > 0 ? request.search_threads : std::max(1, threads - 1);
     plan.model_threads = std::max(1, threads - plan.search_threads);
     return plan;
   }
