@@ -3,10 +3,66 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
 
 #include "common/check.h"
 
 namespace knnserve {
+
+namespace {
+
+// The instruction sets the kernels use, in increasing order: each level includes the ones below.
+enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Vbmi };
+constexpr std::pair<absl::string_view, Isa> kIsaNames[] = {
+    {"scalar", Isa::kScalar},
+    {"avx2", Isa::kAvx2},
+    {"avx512", Isa::kAvx512},
+    {"avx512vbmi", Isa::kAvx512Vbmi}};
+
+Isa DetectedIsa() {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return Isa::kScalar;
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl")) {
+    return Isa::kAvx2;
+  }
+  return __builtin_cpu_supports("avx512vbmi") ? Isa::kAvx512Vbmi : Isa::kAvx512;
+}
+
+// The CPU's level, capped by KNNSERVE_ISA (adc_kernels.h).
+Isa UsableIsa() {
+  static const Isa usable = [] {
+    const Isa detected = DetectedIsa();
+    const char* cap = std::getenv("KNNSERVE_ISA");
+    if (cap == nullptr || *cap == '\0') return detected;
+    for (const auto& [name, isa] : kIsaNames) {
+      if (name == cap) return std::min(isa, detected);
+    }
+    std::fprintf(stderr,
+                 "knnserve: KNNSERVE_ISA=%s is not one of scalar, avx2, avx512, avx512vbmi\n", cap);
+    std::abort();
+  }();
+  return usable;
+}
+
+Isa RequiredIsa(AdcKernel kernel) {
+  switch (kernel) {
+    case AdcKernel::kScalar:
+    case AdcKernel::kQuantizedScalar:
+      return Isa::kScalar;
+    case AdcKernel::kAvx2:
+    case AdcKernel::kQuantizedAvx2:
+      return Isa::kAvx2;
+    case AdcKernel::kAvx512:
+      return Isa::kAvx512;
+    case AdcKernel::kQuantizedVbmi:
+      return Isa::kAvx512Vbmi;
+  }
+  return Isa::kAvx512Vbmi;
+}
+
+}  // namespace
 
 absl::string_view AdcKernelName(AdcKernel kernel) {
   switch (kernel) {
@@ -18,30 +74,19 @@ absl::string_view AdcKernelName(AdcKernel kernel) {
       return "avx512";
     case AdcKernel::kQuantizedScalar:
       return "quantized-scalar";
+    case AdcKernel::kQuantizedAvx2:
+      return "quantized-avx2";
     case AdcKernel::kQuantizedVbmi:
       return "quantized-avx512vbmi";
   }
   return "unknown";
 }
 
-bool CpuSupports(AdcKernel kernel) {
-  switch (kernel) {
-    case AdcKernel::kScalar:
-    case AdcKernel::kQuantizedScalar:
-      return true;
-    case AdcKernel::kAvx2:
-      return __builtin_cpu_supports("avx2");
-    case AdcKernel::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
-    case AdcKernel::kQuantizedVbmi:
-      return CpuSupports(AdcKernel::kAvx512) && __builtin_cpu_supports("avx512vbmi");
-  }
-  return false;
-}
+bool CpuSupports(AdcKernel kernel) { return RequiredIsa(kernel) <= UsableIsa(); }
 
 bool IsQuantized(AdcKernel kernel) {
-  return kernel == AdcKernel::kQuantizedScalar || kernel == AdcKernel::kQuantizedVbmi;
+  return kernel == AdcKernel::kQuantizedScalar || kernel == AdcKernel::kQuantizedAvx2 ||
+         kernel == AdcKernel::kQuantizedVbmi;
 }
 
 AdcKernel BestExactAdcKernel() {
@@ -51,36 +96,41 @@ AdcKernel BestExactAdcKernel() {
 }
 
 AdcKernel BestAdcKernel() {
-  static const AdcKernel best =
-      CpuSupports(AdcKernel::kQuantizedVbmi) ? AdcKernel::kQuantizedVbmi : BestExactAdcKernel();
-  return best;
+  // The quantized scans beat the exact ones at every level, the scalar one included (its
+  // integer sums replace float gathers; re-ranking the few survivors costs little).
+  return CpuSupports(AdcKernel::kQuantizedVbmi)   ? AdcKernel::kQuantizedVbmi
+         : CpuSupports(AdcKernel::kQuantizedAvx2) ? AdcKernel::kQuantizedAvx2
+                                                  : AdcKernel::kQuantizedScalar;
 }
 
 AdcScanFn GetAdcScan(AdcKernel kernel) {
   KNNSERVE_CHECK(CpuSupports(kernel), "ADC kernel not supported by this CPU");
   switch (kernel) {
-    case AdcKernel::kScalar:
-    case AdcKernel::kQuantizedScalar:
-    case AdcKernel::kQuantizedVbmi:
-      return adc_internal::ScanScalar;
     case AdcKernel::kAvx2:
       return adc_internal::ScanAvx2;
     case AdcKernel::kAvx512:
       return adc_internal::ScanAvx512;
+    default:  // the scalar scan, and the quantized kernels' re-rank
+      return adc_internal::ScanScalar;
   }
-  return adc_internal::ScanScalar;
 }
 
 AdcLutFn BestAdcLut() {
-  return CpuSupports(AdcKernel::kAvx512) ? adc_internal::LutAvx512 : adc_internal::LutScalar;
+  return CpuSupports(AdcKernel::kAvx512) ? adc_internal::LutAvx512
+         : CpuSupports(AdcKernel::kAvx2) ? adc_internal::LutAvx2
+                                         : adc_internal::LutScalar;
 }
 
 QuantizedAdcKernels GetQuantizedKernels(AdcKernel kernel) {
   KNNSERVE_CHECK(IsQuantized(kernel) && CpuSupports(kernel), "not a quantized ADC kernel here");
-  if (kernel == AdcKernel::kQuantizedVbmi) {
-    return {adc_internal::PackVbmi, adc_internal::ScanQuantizedVbmi};
+  switch (kernel) {
+    case AdcKernel::kQuantizedVbmi:
+      return {adc_internal::PackVbmi, adc_internal::ScanQuantizedVbmi};
+    case AdcKernel::kQuantizedAvx2:
+      return {adc_internal::PackScalar, adc_internal::ScanQuantizedAvx2};
+    default:
+      return {adc_internal::PackScalar, adc_internal::ScanQuantizedScalar};
   }
-  return {adc_internal::PackScalar, adc_internal::ScanQuantizedScalar};
 }
 
 const AdcTableKernels& BestAdcTableKernels() {
@@ -88,6 +138,9 @@ const AdcTableKernels& BestAdcTableKernels() {
       CpuSupports(AdcKernel::kAvx512)
           ? AdcTableKernels{adc_internal::RowRangesAvx512, adc_internal::QuantizeRowsAvx512,
                             adc_internal::ResidualLutsAvx512}
+      : CpuSupports(AdcKernel::kAvx2)
+          ? AdcTableKernels{adc_internal::RowRangesAvx2, adc_internal::QuantizeRowsAvx2,
+                            adc_internal::ResidualLutsAvx2}
           : AdcTableKernels{adc_internal::RowRangesScalar, adc_internal::QuantizeRowsScalar,
                             adc_internal::ResidualLutsScalar};
   return kernels;

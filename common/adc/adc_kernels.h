@@ -7,14 +7,19 @@
 // (j + 4), (j + 2), (j + 1)), which is exactly the lane order of one 16-wide AVX-512 or two 8-wide
 // AVX2 accumulators.
 //
-// Quantized two-stage scans (kQuantizedScalar, kQuantizedVbmi): the float table of a query is
-// quantized to 8-bit entries, codes are packed in blocks of kAdcBlock vectors and scanned with
-// 16-bit integer sums (with AVX-512 VBMI the 256-entry tables live in registers: 64 look-ups per
-// instruction instead of one gather lane each); the integer sums bound every exact distance, so
-// only the vectors that can still be among the k best are re-ranked with the exact scalar scan.
-// Their final answers are therefore identical to the exact scans' (subset_adc.cc).
+// Quantized two-stage scans (kQuantizedScalar, kQuantizedAvx2, kQuantizedVbmi): the float table
+// of a query is quantized to 8-bit entries, codes are packed in blocks of kAdcBlock vectors and
+// scanned with 16-bit integer sums (with AVX-512 VBMI the 256-entry tables live in registers: 64
+// look-ups per instruction instead of one gather lane each; with AVX2, 16-entry vpshufb look-ups
+// and blends); the integer sums bound every exact distance, so only the vectors that can still
+// be among the k best are re-ranked with the exact scalar scan. Their final answers are
+// therefore identical to the exact scans' (subset_adc.cc), and all three quantized scans give
+// identical sums.
 //
-// BestAdcKernel() picks the fastest at run time from the CPU's features.
+// BestAdcKernel() picks the fastest at run time from the CPU's features. The environment
+// variable KNNSERVE_ISA (scalar, avx2, avx512, avx512vbmi) caps the instruction sets that these
+// kernels may use, as if the CPU had no more: to run, measure or test a slower machine's path on
+// a faster one. An unknown value stops the process with a message that names it.
 #ifndef KNNSERVE_COMMON_ADC_ADC_KERNELS_H_
 #define KNNSERVE_COMMON_ADC_ADC_KERNELS_H_
 
@@ -24,10 +29,10 @@
 
 namespace knnserve {
 
-enum class AdcKernel { kScalar, kAvx2, kAvx512, kQuantizedScalar, kQuantizedVbmi };
+enum class AdcKernel { kScalar, kAvx2, kAvx512, kQuantizedScalar, kQuantizedAvx2, kQuantizedVbmi };
 
 absl::string_view AdcKernelName(AdcKernel kernel);
-// True when this CPU can run `kernel`.
+// True when this CPU can run `kernel` (within KNNSERVE_ISA).
 bool CpuSupports(AdcKernel kernel);
 // The fastest kernel this CPU supports.
 AdcKernel BestAdcKernel();
@@ -120,16 +125,23 @@ void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes,
                 int m_count, float* out);
 void LutScalar(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
                float* lut);
+void LutAvx2(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
+             float* lut);
 void LutAvx512(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
                float* lut);
 void RowRangesScalar(const float* lut, int m_count, float* lo, float* hi);
+void RowRangesAvx2(const float* lut, int m_count, float* lo, float* hi);
 void RowRangesAvx512(const float* lut, int m_count, float* lo, float* hi);
 void QuantizeRowsScalar(const float* lut, int m_count, float sign, const float* mins, float inverse,
                         uint8_t* table);
+void QuantizeRowsAvx2(const float* lut, int m_count, float sign, const float* mins, float inverse,
+                      uint8_t* table);
 void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* mins, float inverse,
                         uint8_t* table);
 void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
+void ResidualLutsAvx2(const float* const* xs, int num, const float* centroids_t,
+                      const float* norms, int m_count, int dsub, float* const* luts);
 void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);
@@ -137,6 +149,9 @@ void PackVbmi(const uint8_t* const* rows, int m_count, uint8_t* block);
 void ScanQuantizedScalar(const uint8_t* const* tables, int num_queries, const uint8_t* block,
                          int m_count, const uint16_t* const* biases, const uint16_t* limits,
                          uint16_t* sums, uint64_t* below);
+void ScanQuantizedAvx2(const uint8_t* const* tables, int num_queries, const uint8_t* block,
+                       int m_count, const uint16_t* const* biases, const uint16_t* limits,
+                       uint16_t* sums, uint64_t* below);
 void ScanQuantizedVbmi(const uint8_t* const* tables, int num_queries, const uint8_t* block,
                        int m_count, const uint16_t* const* biases, const uint16_t* limits,
                        uint16_t* sums, uint64_t* below);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -29,8 +30,11 @@ using ::knnserve::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar, AdcKernel::kAvx2, AdcKernel::kAvx512,
-                                     AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi};
+constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar,          AdcKernel::kAvx2,
+                                     AdcKernel::kAvx512,          AdcKernel::kQuantizedScalar,
+                                     AdcKernel::kQuantizedAvx2,   AdcKernel::kQuantizedVbmi};
+constexpr AdcKernel kQuantizedKernels[] = {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedAvx2,
+                                           AdcKernel::kQuantizedVbmi};
 
 // Every kernel this CPU supports must give bit-identical sums to the scalar reference, for M a
 // multiple of 16 and not (partial last chunk), several queries sharing the codes.
@@ -63,13 +67,12 @@ TEST(AdcKernels, SimdEqualsScalarBitForBit) {
   }
 }
 
-// The VBMI pack and quantized scan equal their scalar twins byte for byte: rows from scattered
-// memory, M with every slab width the packer uses (8..64 bytes and the scalar fallback), sums
-// near the 16-bit ceiling, limits that split the lanes.
-TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
-  if (!CpuSupports(AdcKernel::kQuantizedVbmi)) GTEST_SKIP() << "no AVX-512 VBMI here";
+// The AVX2 and VBMI packs and quantized scans equal their scalar twins byte for byte: rows from
+// scattered memory, M with every slab width the VBMI packer uses (8..64 bytes and the scalar
+// fallback), sums near the 16-bit ceiling, limits that split the lanes.
+void ExpectQuantizedEqualsScalar(AdcKernel kernel) {
   const QuantizedAdcKernels scalar = GetQuantizedKernels(AdcKernel::kQuantizedScalar);
-  const QuantizedAdcKernels vbmi = GetQuantizedKernels(AdcKernel::kQuantizedVbmi);
+  const QuantizedAdcKernels simd = GetQuantizedKernels(kernel);
   std::mt19937_64 rng(17);
   std::uniform_int_distribution<int> byte(0, 255);
   for (int m : {1, 4, 8, 12, 15, 16, 24, 32, 48, 64, 96, 100, 128, 256}) {
@@ -119,7 +122,7 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
       SCOPED_TRACE(absl::StrCat(queries, " queries"));
       Out want, got;
       run(scalar, queries, want);
-      run(vbmi, queries, got);
+      run(simd, queries, got);
       EXPECT_EQ(got.block, want.block);
       const size_t sums_bytes = queries * kAdcBlock * sizeof(uint16_t);
       const size_t below_bytes = queries * sizeof(uint64_t);
@@ -140,10 +143,62 @@ TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
   }
 }
 
-// The AVX-512 table builder gives the scalar one's tables bit for bit (both metrics, several
+// KNNSERVE_ISA caps the kernels as if the CPU had no more (each check runs in a fresh process:
+// the level is read once per process).
+TEST(AdcKernelsDeathTest, IsaCapLimitsTheKernels) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("KNNSERVE_ISA", "avx2", 1);
+        const AdcKernel want = CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kQuantizedAvx2
+                                                             : AdcKernel::kQuantizedScalar;
+        std::exit(!CpuSupports(AdcKernel::kAvx512) && BestAdcKernel() == want ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        setenv("KNNSERVE_ISA", "scalar", 1);
+        std::exit(BestAdcKernel() == AdcKernel::kQuantizedScalar &&
+                          BestExactAdcKernel() == AdcKernel::kScalar
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_DEATH(
+      {
+        setenv("KNNSERVE_ISA", "avx3", 1);
+        CpuSupports(AdcKernel::kScalar);
+      },
+      "KNNSERVE_ISA=avx3 is not one of scalar, avx2, avx512, avx512vbmi");
+}
+
+TEST(AdcKernels, QuantizedAvx2EqualsScalar) {
+  if (!CpuSupports(AdcKernel::kQuantizedAvx2)) GTEST_SKIP() << "no AVX2 here";
+  ExpectQuantizedEqualsScalar(AdcKernel::kQuantizedAvx2);
+}
+
+TEST(AdcKernels, QuantizedVbmiEqualsScalar) {
+  if (!CpuSupports(AdcKernel::kQuantizedVbmi)) GTEST_SKIP() << "no AVX-512 VBMI here";
+  ExpectQuantizedEqualsScalar(AdcKernel::kQuantizedVbmi);
+}
+
+// The table kernels of one instruction set, and the level they need.
+struct TableKernels {
+  const char* name;
+  AdcKernel level;
+  AdcLutFn lut;
+  AdcTableKernels tables;
+};
+const TableKernels kSimdTableKernels[] = {
+    {"avx2", AdcKernel::kAvx2, adc_internal::LutAvx2,
+     {adc_internal::RowRangesAvx2, adc_internal::QuantizeRowsAvx2, adc_internal::ResidualLutsAvx2}},
+    {"avx512", AdcKernel::kAvx512, adc_internal::LutAvx512,
+     {adc_internal::RowRangesAvx512, adc_internal::QuantizeRowsAvx512,
+      adc_internal::ResidualLutsAvx512}}};
+
+// The SIMD table builders give the scalar one's tables bit for bit (both metrics, several
 // sub-vector sizes), so the choice of builder never changes a distance.
-TEST(AdcKernels, LutAvx512EqualsScalarBitForBit) {
-  if (!CpuSupports(AdcKernel::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+TEST(AdcKernels, SimdLutsEqualScalarBitForBit) {
   std::mt19937_64 rng(29);
   std::normal_distribution<float> normal;
   for (int dsub : {1, 2, 3, 8, 16}) {
@@ -152,19 +207,22 @@ TEST(AdcKernels, LutAvx512EqualsScalarBitForBit) {
     for (float& c : centroids_t) c = 3 * normal(rng);
     for (float& x : query) x = 3 * normal(rng);
     for (bool l2 : {true, false}) {
-      std::vector<float> want(kM * 256), got(kM * 256);
+      std::vector<float> want(kM * 256);
       adc_internal::LutScalar(query.data(), centroids_t.data(), kM, dsub, l2, want.data());
-      adc_internal::LutAvx512(query.data(), centroids_t.data(), kM, dsub, l2, got.data());
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-          << "dsub " << dsub << (l2 ? " l2" : " ip");
+      for (const TableKernels& simd : kSimdTableKernels) {
+        if (!CpuSupports(simd.level)) continue;
+        std::vector<float> got(kM * 256);
+        simd.lut(query.data(), centroids_t.data(), kM, dsub, l2, got.data());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << simd.name << " dsub " << dsub << (l2 ? " l2" : " ip");
+      }
     }
   }
 }
 
-// The residual tables (the query tables of IvfAdc, with zero norms): AVX-512 equals scalar bit
-// for bit.
-TEST(AdcKernels, ResidualTablesAvx512EqualScalarBitForBit) {
-  if (!CpuSupports(AdcKernel::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+// The residual tables (the query tables of IvfAdc), several at a time: every SIMD builder
+// equals the scalar one bit for bit.
+TEST(AdcKernels, SimdResidualTablesEqualScalarBitForBit) {
   std::mt19937_64 rng(31);
   std::normal_distribution<float> normal;
   for (int dsub : {1, 4, 8}) {
@@ -173,20 +231,63 @@ TEST(AdcKernels, ResidualTablesAvx512EqualScalarBitForBit) {
       PqCodebook codebook{m, dsub, std::vector<float>(m * 256 * dsub)};
       for (float& c : codebook.centroids) c = 2 * normal(rng);
       const auto centroids_t = adc_internal::TransposeCentroids(codebook);
-      std::vector<float> norms(m * 256), x(m * dsub);
+      std::vector<float> norms(m * 256);
       for (int e = 0; e < m * 256; ++e) {
         for (int j = 0; j < dsub; ++j)
           norms[e] += codebook.centroids[e * dsub + j] * codebook.centroids[e * dsub + j];
       }
+      constexpr int kResiduals = 3;
+      std::vector<float> x(kResiduals * m * dsub);
       for (float& v : x) v = 2 * normal(rng);
-      const float* xs[1] = {x.data()};
-      std::vector<float> table(m * 256), table_avx512(m * 256);
-      float* tables[1] = {table.data()};
-      float* tables_avx512[1] = {table_avx512.data()};
-      adc_internal::ResidualLutsScalar(xs, 1, centroids_t.data(), norms.data(), m, dsub, tables);
-      adc_internal::ResidualLutsAvx512(xs, 1, centroids_t.data(), norms.data(), m, dsub,
-                                       tables_avx512);
-      EXPECT_EQ(std::memcmp(table_avx512.data(), table.data(), table.size() * sizeof(float)), 0);
+      const float* xs[kResiduals];
+      for (int i = 0; i < kResiduals; ++i) xs[i] = x.data() + i * m * dsub;
+      auto build = [&](auto residual_luts) {
+        std::vector<float> tables(kResiduals * m * 256);
+        float* rows[kResiduals];
+        for (int i = 0; i < kResiduals; ++i) rows[i] = tables.data() + i * m * 256;
+        residual_luts(xs, kResiduals, centroids_t.data(), norms.data(), m, dsub, rows);
+        return tables;
+      };
+      const std::vector<float> want = build(adc_internal::ResidualLutsScalar);
+      for (const TableKernels& simd : kSimdTableKernels) {
+        if (!CpuSupports(simd.level)) continue;
+        const std::vector<float> got = build(simd.tables.residual_luts);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << simd.name;
+      }
+    }
+  }
+}
+
+// Row ranges and byte quantization: every SIMD kernel equals the scalar one, for both signs,
+// entries that clamp at 255 and NaN entries (which quantize to 255).
+TEST(AdcKernels, SimdRowRangesAndQuantizationEqualScalar) {
+  std::mt19937_64 rng(37);
+  std::uniform_real_distribution<float> uni(-40.0f, 40.0f);
+  constexpr int kM = 9;
+  std::vector<float> lut(kM * 256);
+  for (float& v : lut) v = uni(rng);
+  float lo[kM], hi[kM];
+  adc_internal::RowRangesScalar(lut.data(), kM, lo, hi);
+  for (float sign : {1.0f, -1.0f}) {
+    float mins[kM];
+    for (int m = 0; m < kM; ++m) mins[m] = sign > 0 ? lo[m] : -hi[m];
+    std::vector<float> entries = lut;
+    entries[3 * 256 + 7] = std::nanf("");
+    // inverse 4: the widest rows (80 wide) reach 320 and clamp at 255.
+    std::vector<uint8_t> want(kM * 256);
+    adc_internal::QuantizeRowsScalar(entries.data(), kM, sign, mins, 4.0f, want.data());
+    EXPECT_EQ(want[3 * 256 + 7], 255);
+    for (const TableKernels& simd : kSimdTableKernels) {
+      if (!CpuSupports(simd.level)) continue;
+      SCOPED_TRACE(simd.name);
+      float simd_lo[kM], simd_hi[kM];
+      simd.tables.row_ranges(lut.data(), kM, simd_lo, simd_hi);
+      EXPECT_EQ(std::memcmp(simd_lo, lo, sizeof(lo)), 0);
+      EXPECT_EQ(std::memcmp(simd_hi, hi, sizeof(hi)), 0);
+      std::vector<uint8_t> got(kM * 256);
+      simd.tables.quantize_rows(entries.data(), kM, sign, mins, 4.0f, got.data());
+      EXPECT_EQ(got, want);
     }
   }
 }
@@ -478,8 +579,8 @@ absl::StatusOr<std::vector<SubsetResult>> SearchWithEveryKernel(
     const std::vector<uint8_t>& code_bytes, MatrixView<const float> queries,
     const SubsetGroups& groups, const std::vector<int32_t>& row_group, int k, int threads) {
   std::vector<SubsetResult> results;
-  for (AdcKernel kernel :
-       {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+  for (AdcKernel kernel : {AdcKernel::kScalar, AdcKernel::kQuantizedScalar,
+                           AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi}) {
     if (!CpuSupports(kernel)) continue;
     SubsetCodes codes{codebook.m, 0, 0, offsets, code_bytes};
     ASSIGN_OR_RETURN(auto adc,
@@ -558,8 +659,8 @@ TEST(SubsetAdc, DegenerateTablesKeepEveryVector) {
   for (uint8_t& c : code_bytes) c = static_cast<uint8_t>(rng());
   const SubsetGroups groups = {{3, 40, 41, 200, 310}};
   const std::vector<float> queries(3 * kDim, 1.0f);
-  for (AdcKernel kernel :
-       {AdcKernel::kScalar, AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+  for (AdcKernel kernel : {AdcKernel::kScalar, AdcKernel::kQuantizedScalar,
+                           AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi}) {
     if (!CpuSupports(kernel)) continue;
     SCOPED_TRACE(AdcKernelName(kernel));
     SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
@@ -773,7 +874,7 @@ TEST(IvfAdc, AnswersAsBruteForceOverTheProbedListsBitForBit) {
       }
       for (int k : {1, 10, 100, 7000}) {
         const Neighbors want = BruteForceIvf(lists, queries.view(), probes.view(), k);
-        for (AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+        for (AdcKernel kernel : kQuantizedKernels) {
           if (!CpuSupports(kernel)) continue;
           SCOPED_TRACE(
               absl::StrCat("m=", m, " nprobe=", nprobe, " k=", k, " ", AdcKernelName(kernel)));

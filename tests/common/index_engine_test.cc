@@ -345,18 +345,21 @@ TEST(IvfAdc, TiesFallToTheSmallerIdAsInFaiss) {
 
 // The quantized kernels differ only in how the integer pre-scan is computed: bit-identical
 // answers.
-TEST(IvfAdc, VbmiKernelEqualsScalarBitForBit) {
-  if (!CpuSupports(AdcKernel::kQuantizedVbmi)) GTEST_SKIP() << "no AVX-512 VBMI on this CPU";
+TEST(IvfAdc, SimdKernelsEqualScalarBitForBit) {
   const Matrix<float> q = MakeQueries(Data().keys, 200, 33);
   for (const char* factory : {"IVF32,PQ8", "IVF16,PQ16"}) {
     SCOPED_TRACE(factory);
     const auto scalar = Serving(factory, AdcKernel::kQuantizedScalar);
-    const auto vbmi = Serving(factory, AdcKernel::kQuantizedVbmi);
-    for (const SearchParams params : {SearchParams{10, 4, 0}, SearchParams{100, 16, 0}}) {
-      ASSERT_OK_AND_ASSIGN(Neighbors a, scalar->Search(q.view(), params));
-      ASSERT_OK_AND_ASSIGN(Neighbors b, vbmi->Search(q.view(), params));
-      EXPECT_EQ(a.ids, b.ids);
-      EXPECT_EQ(a.distances, b.distances);
+    for (const AdcKernel kernel : {AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi}) {
+      if (!CpuSupports(kernel)) continue;
+      SCOPED_TRACE(AdcKernelName(kernel));
+      const auto simd = Serving(factory, kernel);
+      for (const SearchParams params : {SearchParams{10, 4, 0}, SearchParams{100, 16, 0}}) {
+        ASSERT_OK_AND_ASSIGN(Neighbors a, scalar->Search(q.view(), params));
+        ASSERT_OK_AND_ASSIGN(Neighbors b, simd->Search(q.view(), params));
+        EXPECT_EQ(a.ids, b.ids);
+        EXPECT_EQ(a.distances, b.distances);
+      }
     }
   }
 }
@@ -499,7 +502,8 @@ TEST(IndexEngine, ShardedSubsetSearchEqualsUnsharded) {
 // distances, values) equal the shard-by-shard merge exactly, for both quantized kernels.
 TEST(IndexEngine, MergedShardListsEqualShardByShardMerge) {
   const std::string dir = Built("IVF32,PQ8", 3);
-  for (const AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedVbmi}) {
+  for (const AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedAvx2,
+                                 AdcKernel::kQuantizedVbmi}) {
     if (!CpuSupports(kernel)) continue;
     SCOPED_TRACE(AdcKernelName(kernel));
     ASSERT_OK_AND_ASSIGN(auto merged, CreateLocalEngine(dir, {.threads = 2, .adc_kernel = kernel}));
