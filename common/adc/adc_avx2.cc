@@ -172,27 +172,29 @@ void ResidualLutsAvx2(const float* const* xs, int num, const float* centroids_t,
 // ---- The quantized scan -------------------------------------------------------------------------
 namespace {
 
-// The table entries of 32 codes: vpshufb looks up 16-entry rows within each 128-bit lane, so
-// the 256 entries are 16 rows (high nibble h) indexed by the low nibble, and a tree of blends
-// on code bits 4, 5, 6 and 7 picks each code's row. `rows` holds the 16 rows, each broadcast to
-// both lanes; `select[b]` has code bit 4 + b in every byte's top bit (vpblendvb reads only it).
-inline __m256i LookUp32(const __m256i* rows, __m256i low_nibbles, const __m256i* select) {
-  __m256i level[8];
-  for (int r = 0; r < 8; ++r) {
-    level[r] = _mm256_blendv_epi8(_mm256_shuffle_epi8(rows[2 * r], low_nibbles),
-                                  _mm256_shuffle_epi8(rows[2 * r + 1], low_nibbles), select[0]);
+// The table entries of 32 codes from rows [kFirst, kFirst + kRows) of a 256-entry byte table:
+// vpshufb looks up 16-entry rows within each 128-bit lane, so the table is 16 rows (high nibble)
+// indexed by the low nibble, and a tree of blends on code bits 4, 5, 6 and 7 picks each code's
+// row. `select[b]` has code bit 4 + b in every byte's top bit (all vpblendvb reads). Depth first,
+// so that few intermediate results are live: the whole look-up stays in registers.
+template <int kFirst, int kRows>
+inline __m256i LookUp32(const uint8_t* table, __m256i low_nibbles, const __m256i* select) {
+  if constexpr (kRows == 1) {
+    return _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(table + 16 * kFirst))),
+        low_nibbles);
+  } else {
+    constexpr int kHalf = kRows / 2;
+    const __m256i lower = LookUp32<kFirst, kHalf>(table, low_nibbles, select);
+    const __m256i upper = LookUp32<kFirst + kHalf, kHalf>(table, low_nibbles, select);
+    return _mm256_blendv_epi8(lower, upper, select[__builtin_ctz(kHalf)]);
   }
-  for (int width = 4, b = 1; width >= 1; width /= 2, ++b) {
-    for (int r = 0; r < width; ++r) {
-      level[r] = _mm256_blendv_epi8(level[2 * r], level[2 * r + 1], select[b]);
-    }
-  }
-  return level[0];
 }
 
-// The block's sums for kQueries tables, sub-quantizer by sub-quantizer: the codes' nibbles and
-// selectors are computed once for all of them. 16-bit accumulators per 32 codes: even and odd
-// vectors (the low and high byte of each word).
+// The block's sums for kQueries tables, sub-quantizer by sub-quantizer and 32 codes at a time:
+// the codes' nibbles and selectors are computed once for all of them. 16-bit accumulators: even
+// and odd vectors (the low and high byte of each word).
 template <int kQueries>
 void ScanBlock(const uint8_t* const* tables, const uint8_t* block, int m_count,
                const uint16_t* const* biases, const uint16_t* limits, uint16_t* sums,
@@ -204,26 +206,15 @@ void ScanBlock(const uint8_t* const* tables, const uint8_t* block, int m_count,
     for (int h = 0; h < 2; ++h) even[q][h] = odd[q][h] = _mm256_setzero_si256();
   }
   for (int m = 0; m < m_count; ++m) {
-    __m256i low_nibbles[2], select[2][4];
     for (int h = 0; h < 2; ++h) {
       const __m256i codes =
           _mm256_load_si256(reinterpret_cast<const __m256i*>(block + m * kAdcBlock + 32 * h));
-      low_nibbles[h] = _mm256_and_si256(codes, nibble);
+      const __m256i low_nibbles = _mm256_and_si256(codes, nibble);
       // A 16-bit shift left by 3 - b moves bit 4 + b of every byte to its top bit.
-      select[h][0] = _mm256_slli_epi16(codes, 3);
-      select[h][1] = _mm256_slli_epi16(codes, 2);
-      select[h][2] = _mm256_slli_epi16(codes, 1);
-      select[h][3] = codes;
-    }
-    for (int q = 0; q < kQueries; ++q) {
-      const uint8_t* table = tables[q] + m * 256;
-      __m256i rows[16];
-      for (int r = 0; r < 16; ++r) {
-        rows[r] = _mm256_broadcastsi128_si256(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(table + 16 * r)));
-      }
-      for (int h = 0; h < 2; ++h) {
-        const __m256i entries = LookUp32(rows, low_nibbles[h], select[h]);
+      const __m256i select[4] = {_mm256_slli_epi16(codes, 3), _mm256_slli_epi16(codes, 2),
+                                 _mm256_slli_epi16(codes, 1), codes};
+      for (int q = 0; q < kQueries; ++q) {
+        const __m256i entries = LookUp32<0, 16>(tables[q] + m * 256, low_nibbles, select);
         even[q][h] = _mm256_add_epi16(even[q][h], _mm256_and_si256(entries, low_bytes));
         odd[q][h] = _mm256_add_epi16(odd[q][h], _mm256_srli_epi16(entries, 8));
       }
