@@ -21,14 +21,23 @@ constexpr int64_t kOverlapStepRows = 80;
 // 1035 / 823), at batch 64 two threads are ~1.2x faster.
 constexpr int64_t kOneModelThreadStepRows = 40;
 
-// Beyond kOneModelThreadStepRows an embedded kNN-MT run with two batches in flight gives the
-// model every thread, as base MT has, and runs a one-thread search in the background
-// (ThreadPlan::background_search) instead of beside a model one thread short. Measured on 2
-// cores (200 office sentences, beam 5, seconds; base MT at two threads in brackets), a
-// one-thread model beside a one-thread search -> a two-thread model and the search in the
-// background: batch 64 kNN-MT 6.79 / 7.04 -> 6.56 / 6.26 (4.97 / 4.56) and 7.37 / 8.88 ->
-// 6.93 / 7.34 (5.42 / 5.70), subset kNN-MT 8.31 / 7.35 -> 5.62 / 5.77 and 7.29 / 6.64 -> 6.58 /
-// 6.01; batch 16 (five pairs) kNN-MT 38.7 -> 37.0 s in all, subset kNN-MT 36.8 -> 37.1 s.
+// Beyond this many query rows per step (batch x beam) an embedded kNN-MT run with two batches
+// in flight gives the model every thread, as base MT has, and runs a one-thread search in the
+// background (ThreadPlan::background_search) instead of beside a model one thread short. Up to
+// it, a one-thread model beside a one-thread search. Measured on 2 cores (200 office sentences,
+// beam 5, seconds, three interleaved rounds, sixteenth session; base MT at two threads first),
+// beside -> background: batch 16 (4.62 / 4.59 / 4.58) kNN-MT 5.25 / 5.24 / 5.42 -> 6.09 / 5.67 /
+// 6.20, subset kNN-MT 5.24 / 5.23 / 5.09 -> 5.92 / 5.83 / 5.89; batch 32 (4.14 / 4.27 / 4.27)
+// kNN-MT 4.97 / 4.88 / 4.83 -> 5.20 / 5.41 / 5.50, subset 4.92 / 4.97 / 4.99 -> 5.15 / 5.18 /
+// 5.12; batch 64 (3.95 / 3.74 / 3.67) kNN-MT 4.92 / 5.01 / 4.85 -> 4.95 / 4.82 / 4.75, subset
+// 4.87 / 4.95 / 4.84 -> 4.67 / 4.60 / 4.53. (The thirteenth session's machine, which brought in
+// the background search beyond 40 rows, read batch 16 level and batch 64 1.05-1.4x faster in the
+// background: kNN-MT 6.79 / 7.04 -> 6.56 / 6.26 and 7.37 / 8.88 -> 6.93 / 7.34, subset 8.31 /
+// 7.35 -> 5.62 / 5.77 and 7.29 / 6.64 -> 6.58 / 6.01.) At batch 16 and 32 base MT gains little
+// from a second thread (4.65 / 5.06 s on one, 4.41 / 5.04 on two at batch 16), so the model
+// loses little on one, while a search in the background slows a two-thread model more than the
+// search costs.
+constexpr int64_t kBackgroundSearchStepRows = 160;
 //
 // Through a router whose servers share the decoder's cores, the model keeps one thread up to
 // this many rows. Measured with the demo's router and 2 shards on the same 2 cores at idle
@@ -72,7 +81,7 @@ ThreadPlan PlanThreads(const ThreadRequest& request) {
     return plan;
   }
   if (plan.interleave) {
-    if (request.search_threads == 0 && !small_steps) {
+    if (request.search_threads == 0 && step_rows > kBackgroundSearchStepRows) {
       plan.search_threads = 1;
       plan.background_search = true;
       return plan;

@@ -49,7 +49,7 @@ TEST(ThreadPlan, AutoInterleavesThroughTheRouterAndEmbeddedWithACoreToSpare) {
 TEST(ThreadPlan, ConcurrentModelAndSearchShareCoresOnlyFromTheBackground) {
   for (const char* mode : {"knn", "subset-knn"}) {
     for (int threads : {1, 2, 3, 8}) {
-      for (int64_t rows : {1, 5, 40, 41, 80, 81, 320}) {
+      for (int64_t rows : {1, 5, 40, 41, 80, 160, 161, 320}) {
         const ThreadPlan plan = PlanThreads(Request(mode, false, threads, rows));
         SCOPED_TRACE(testing::Message() << mode << " threads " << threads << " rows " << rows);
         EXPECT_GE(plan.model_threads, 1);
@@ -57,7 +57,7 @@ TEST(ThreadPlan, ConcurrentModelAndSearchShareCoresOnlyFromTheBackground) {
         if (plan.background_search) {
           EXPECT_TRUE(plan.interleave);
           EXPECT_TRUE(plan.overlap);
-          EXPECT_GT(rows, 40);
+          EXPECT_GT(rows, 160);
           EXPECT_EQ(plan.model_threads, threads);
           EXPECT_EQ(plan.search_threads, 1);
         } else if (plan.overlap) {
@@ -69,18 +69,22 @@ TEST(ThreadPlan, ConcurrentModelAndSearchShareCoresOnlyFromTheBackground) {
       }
     }
   }
-  // Small steps: a one-thread search beside a one-thread model, two batches in flight.
+  // Steps of up to 160 rows (batch 32 at beam 5): a one-thread search beside a one-thread model,
+  // two batches in flight.
   for (const char* mode : {"knn", "subset-knn"}) {
-    const ThreadPlan small = PlanThreads(Request(mode, false, 2, 40));
-    EXPECT_TRUE(small.interleave) << mode;
-    EXPECT_TRUE(small.overlap) << mode;
-    EXPECT_EQ(small.model_threads, 1) << mode;
-    EXPECT_EQ(small.search_threads, 1) << mode;
+    for (int64_t rows : {40, 80, 160}) {
+      const ThreadPlan small = PlanThreads(Request(mode, false, 2, rows));
+      EXPECT_TRUE(small.interleave) << mode << " " << rows;
+      EXPECT_TRUE(small.overlap) << mode << " " << rows;
+      EXPECT_FALSE(small.background_search) << mode << " " << rows;
+      EXPECT_EQ(small.model_threads, 1) << mode << " " << rows;
+      EXPECT_EQ(small.search_threads, 1) << mode << " " << rows;
+    }
   }
   // Larger steps, two batches in flight: the model on every thread, a one-thread search in the
   // background.
   for (const char* mode : {"knn", "subset-knn"}) {
-    const ThreadPlan large = PlanThreads(Request(mode, false, 2, 41));
+    const ThreadPlan large = PlanThreads(Request(mode, false, 2, 161));
     EXPECT_TRUE(large.interleave) << mode;
     EXPECT_TRUE(large.background_search) << mode;
     EXPECT_EQ(large.model_threads, 2) << mode;
