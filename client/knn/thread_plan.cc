@@ -7,9 +7,9 @@ namespace {
 
 // One batch at a time (--interleave-batches off, or one thread), up to this many query rows per
 // step (batch x beam) the embedded full search runs beside the model. Measured on 2 cores, beam
-// 5, before two batches could be in flight: overlapping the full search within a step paid at batch 1 and
-// 16 (1.06-1.31x), where neither it nor the model's products keep both cores busy, and cost at
-// batch 64 (the threads contend). Overlapping the subset search within a step cost at batch 16
+// 5, before two batches could be in flight: overlapping the full search within a step paid at batch
+// 1 and 16 (1.06-1.31x), where neither it nor the model's products keep both cores busy, and cost
+// at batch 64 (the threads contend). Overlapping the subset search within a step cost at batch 16
 // (0.87-0.89x) and was neutral at batch 1.
 constexpr int64_t kOverlapStepRows = 80;
 

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "common/adc/adc_kernels.h"
+#include "common/adc/simd_tables.h"
 
 namespace knnserve::adc_internal {
 namespace {
@@ -72,32 +73,26 @@ void ScanAvx2(const float* const* luts, int num_queries, const uint8_t* codes, i
 
 // ---- Table kernels: the same float operations per entry as their scalar twins ----------------
 
+namespace {
+
+struct Avx2Ops {
+  using V = __m256;
+  static constexpr int kWidth = 8;
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Set(float x) { return _mm256_set1_ps(x); }
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+
+}  // namespace
+
 void LutAvx2(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
              float* lut) {
-  // Separate multiply and add (this file is compiled with -ffp-contract=off), as LutScalar;
-  // eight independent 8-entry accumulators hide the adds' latency.
-  constexpr int kChains = 8;
-  for (int m = 0; m < m_count; ++m) {
-    float* row = lut + m * 256;
-    const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
-    for (int c0 = 0; c0 < 256; c0 += 8 * kChains) {
-      __m256 acc[kChains];
-      for (int a = 0; a < kChains; ++a) acc[a] = _mm256_setzero_ps();
-      for (int j = 0; j < dsub; ++j) {
-        const __m256 x = _mm256_set1_ps(query[m * dsub + j]);
-        for (int a = 0; a < kChains; ++a) {
-          const __m256 ct = _mm256_loadu_ps(ct_m + j * 256 + c0 + 8 * a);
-          if (l2) {
-            const __m256 diff = _mm256_sub_ps(x, ct);
-            acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(diff, diff));
-          } else {
-            acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(x, ct));
-          }
-        }
-      }
-      for (int a = 0; a < kChains; ++a) _mm256_storeu_ps(row + c0 + 8 * a, acc[a]);
-    }
-  }
+  LutSimd<Avx2Ops>(query, centroids_t, m_count, dsub, l2, lut);
 }
 
 void RowRangesAvx2(const float* lut, int m_count, float* lo, float* hi) {
@@ -136,37 +131,17 @@ void QuantizeRowsAvx2(const float* lut, int m_count, float sign, const float* mi
         v[a] = _mm256_cvttps_epi32(
             _mm256_min_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(s, x), mn), inv), top));
       }
-      const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]),
-                                                _mm256_packs_epi32(v[2], v[3]));
+      const __m256i bytes =
+          _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(table + m * 256 + c),
                           _mm256_permutevar8x32_epi32(bytes, order));
     }
   }
 }
 
-void ResidualLutsAvx2(const float* const* xs, int num, const float* centroids_t,
-                      const float* norms, int m_count, int dsub, float* const* luts) {
-  // Explicit fused multiply-adds in increasing j (std::fma in the scalar twin): identical tables.
-  // Per sub-quantizer the centroids stay in L1 while every residual uses them.
-  constexpr int kChains = 8;
-  for (int m = 0; m < m_count; ++m) {
-    const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
-    for (int i = 0; i < num; ++i) {
-      const float* x_m = xs[i] + m * dsub;
-      float* row = luts[i] + m * 256;
-      for (int c0 = 0; c0 < 256; c0 += 8 * kChains) {
-        __m256 acc[kChains];
-        for (int a = 0; a < kChains; ++a) acc[a] = _mm256_loadu_ps(norms + m * 256 + c0 + 8 * a);
-        for (int j = 0; j < dsub; ++j) {
-          const __m256 w = _mm256_set1_ps(-2.0f * x_m[j]);
-          for (int a = 0; a < kChains; ++a) {
-            acc[a] = _mm256_fmadd_ps(w, _mm256_loadu_ps(ct_m + j * 256 + c0 + 8 * a), acc[a]);
-          }
-        }
-        for (int a = 0; a < kChains; ++a) _mm256_storeu_ps(row + c0 + 8 * a, acc[a]);
-      }
-    }
-  }
+void ResidualLutsAvx2(const float* const* xs, int num, const float* centroids_t, const float* norms,
+                      int m_count, int dsub, float* const* luts) {
+  ResidualLutsSimd<Avx2Ops>(xs, num, centroids_t, norms, m_count, dsub, luts);
 }
 
 // ---- The quantized scan -------------------------------------------------------------------------
@@ -180,10 +155,9 @@ namespace {
 template <int kFirst, int kRows>
 inline __m256i LookUp32(const uint8_t* table, __m256i low_nibbles, const __m256i* select) {
   if constexpr (kRows == 1) {
-    return _mm256_shuffle_epi8(
-        _mm256_broadcastsi128_si256(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(table + 16 * kFirst))),
-        low_nibbles);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                   reinterpret_cast<const __m128i*>(table + 16 * kFirst))),
+                               low_nibbles);
   } else {
     constexpr int kHalf = kRows / 2;
     const __m256i lower = LookUp32<kFirst, kHalf>(table, low_nibbles, select);

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "common/adc/adc_kernels.h"
+#include "common/adc/simd_tables.h"
 
 namespace knnserve::adc_internal {
 namespace {
@@ -48,33 +49,26 @@ void ScanAvx512(const float* const* luts, int num_queries, const uint8_t* codes,
   }
 }
 
+namespace {
+
+struct Avx512Ops {
+  using V = __m512;
+  static constexpr int kWidth = 16;
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Set(float x) { return _mm512_set1_ps(x); }
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+
+}  // namespace
+
 void LutAvx512(const float* query, const float* centroids_t, int m_count, int dsub, bool l2,
                float* lut) {
-  // Separate multiply and add (this file is compiled with -ffp-contract=off): the same
-  // operations per entry as LutScalar, so the tables are bit-identical. Eight independent
-  // 16-entry accumulators per step: one chain would wait on each add's latency.
-  constexpr int kChains = 8;
-  for (int m = 0; m < m_count; ++m) {
-    float* row = lut + m * 256;
-    const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
-    for (int c0 = 0; c0 < 256; c0 += 16 * kChains) {
-      __m512 acc[kChains];
-      for (int a = 0; a < kChains; ++a) acc[a] = _mm512_setzero_ps();
-      for (int j = 0; j < dsub; ++j) {
-        const __m512 x = _mm512_set1_ps(query[m * dsub + j]);
-        for (int a = 0; a < kChains; ++a) {
-          const __m512 ct = _mm512_loadu_ps(ct_m + j * 256 + c0 + 16 * a);
-          if (l2) {
-            const __m512 diff = _mm512_sub_ps(x, ct);
-            acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(diff, diff));
-          } else {
-            acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(x, ct));
-          }
-        }
-      }
-      for (int a = 0; a < kChains; ++a) _mm512_storeu_ps(row + c0 + 16 * a, acc[a]);
-    }
-  }
+  LutSimd<Avx512Ops>(query, centroids_t, m_count, dsub, l2, lut);
 }
 
 void RowRangesAvx512(const float* lut, int m_count, float* lo, float* hi) {
@@ -112,28 +106,7 @@ void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* 
 
 void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts) {
-  // Explicit fused multiply-adds (std::fma in the scalar twin): identical tables. Per
-  // sub-quantizer the centroids (dsub x 256 floats) stay in L1 while every residual uses them,
-  // and eight independent accumulators hide the multiply-adds' latency.
-  constexpr int kChains = 8;
-  for (int m = 0; m < m_count; ++m) {
-    const float* ct_m = centroids_t + static_cast<size_t>(m) * dsub * 256;
-    for (int i = 0; i < num; ++i) {
-      const float* x_m = xs[i] + m * dsub;
-      float* row = luts[i] + m * 256;
-      for (int c0 = 0; c0 < 256; c0 += 16 * kChains) {
-        __m512 acc[kChains];
-        for (int a = 0; a < kChains; ++a) acc[a] = _mm512_loadu_ps(norms + m * 256 + c0 + 16 * a);
-        for (int j = 0; j < dsub; ++j) {
-          const __m512 w = _mm512_set1_ps(-2.0f * x_m[j]);
-          for (int a = 0; a < kChains; ++a) {
-            acc[a] = _mm512_fmadd_ps(w, _mm512_loadu_ps(ct_m + j * 256 + c0 + 16 * a), acc[a]);
-          }
-        }
-        for (int a = 0; a < kChains; ++a) _mm512_storeu_ps(row + c0 + 16 * a, acc[a]);
-      }
-    }
-  }
+  ResidualLutsSimd<Avx512Ops>(xs, num, centroids_t, norms, m_count, dsub, luts);
 }
 
 }  // namespace knnserve::adc_internal

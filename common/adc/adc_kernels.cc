@@ -15,11 +15,10 @@ namespace {
 
 // The instruction sets the kernels use, in increasing order: each level includes the ones below.
 enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Vbmi };
-constexpr std::pair<absl::string_view, Isa> kIsaNames[] = {
-    {"scalar", Isa::kScalar},
-    {"avx2", Isa::kAvx2},
-    {"avx512", Isa::kAvx512},
-    {"avx512vbmi", Isa::kAvx512Vbmi}};
+constexpr std::pair<absl::string_view, Isa> kIsaNames[] = {{"scalar", Isa::kScalar},
+                                                           {"avx2", Isa::kAvx2},
+                                                           {"avx512", Isa::kAvx512},
+                                                           {"avx512vbmi", Isa::kAvx512Vbmi}};
 
 Isa DetectedIsa() {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return Isa::kScalar;

@@ -140,8 +140,8 @@ void QuantizeRowsAvx512(const float* lut, int m_count, float sign, const float* 
                         uint8_t* table);
 void ResidualLutsScalar(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
-void ResidualLutsAvx2(const float* const* xs, int num, const float* centroids_t,
-                      const float* norms, int m_count, int dsub, float* const* luts);
+void ResidualLutsAvx2(const float* const* xs, int num, const float* centroids_t, const float* norms,
+                      int m_count, int dsub, float* const* luts);
 void ResidualLutsAvx512(const float* const* xs, int num, const float* centroids_t,
                         const float* norms, int m_count, int dsub, float* const* luts);
 void PackScalar(const uint8_t* const* rows, int m_count, uint8_t* block);

@@ -30,9 +30,9 @@ using ::knnserve::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar,          AdcKernel::kAvx2,
-                                     AdcKernel::kAvx512,          AdcKernel::kQuantizedScalar,
-                                     AdcKernel::kQuantizedAvx2,   AdcKernel::kQuantizedVbmi};
+constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar,        AdcKernel::kAvx2,
+                                     AdcKernel::kAvx512,        AdcKernel::kQuantizedScalar,
+                                     AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi};
 constexpr AdcKernel kQuantizedKernels[] = {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedAvx2,
                                            AdcKernel::kQuantizedVbmi};
 
@@ -150,8 +150,8 @@ TEST(AdcKernelsDeathTest, IsaCapLimitsTheKernels) {
   EXPECT_EXIT(
       {
         setenv("KNNSERVE_ISA", "avx2", 1);
-        const AdcKernel want = CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kQuantizedAvx2
-                                                             : AdcKernel::kQuantizedScalar;
+        const AdcKernel want =
+            CpuSupports(AdcKernel::kAvx2) ? AdcKernel::kQuantizedAvx2 : AdcKernel::kQuantizedScalar;
         std::exit(!CpuSupports(AdcKernel::kAvx512) && BestAdcKernel() == want ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
@@ -190,9 +190,13 @@ struct TableKernels {
   AdcTableKernels tables;
 };
 const TableKernels kSimdTableKernels[] = {
-    {"avx2", AdcKernel::kAvx2, adc_internal::LutAvx2,
+    {"avx2",
+     AdcKernel::kAvx2,
+     adc_internal::LutAvx2,
      {adc_internal::RowRangesAvx2, adc_internal::QuantizeRowsAvx2, adc_internal::ResidualLutsAvx2}},
-    {"avx512", AdcKernel::kAvx512, adc_internal::LutAvx512,
+    {"avx512",
+     AdcKernel::kAvx512,
+     adc_internal::LutAvx512,
      {adc_internal::RowRangesAvx512, adc_internal::QuantizeRowsAvx512,
       adc_internal::ResidualLutsAvx512}}};
 

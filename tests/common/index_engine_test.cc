@@ -502,8 +502,8 @@ TEST(IndexEngine, ShardedSubsetSearchEqualsUnsharded) {
 // distances, values) equal the shard-by-shard merge exactly, for both quantized kernels.
 TEST(IndexEngine, MergedShardListsEqualShardByShardMerge) {
   const std::string dir = Built("IVF32,PQ8", 3);
-  for (const AdcKernel kernel : {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedAvx2,
-                                 AdcKernel::kQuantizedVbmi}) {
+  for (const AdcKernel kernel :
+       {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi}) {
     if (!CpuSupports(kernel)) continue;
     SCOPED_TRACE(AdcKernelName(kernel));
     ASSERT_OK_AND_ASSIGN(auto merged, CreateLocalEngine(dir, {.threads = 2, .adc_kernel = kernel}));
