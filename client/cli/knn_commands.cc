@@ -65,7 +65,8 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
   cmd->add_option("--search-threads", f->search_threads,
                   "embedded retrieval: threads of each step's search; the model gets the "
                   "rest of --threads while a search runs beside it. With interleaved batches "
-                  "(0: --threads - 1 up to 40 query rows a step, else 1); otherwise fewer than "
+                  "(0: --threads - 1 up to 160 query rows a step, else 1 in the background); "
+                  "otherwise fewer than "
                   "--threads: the search runs beside the model while it computes the step's "
                   "log-probabilities; as many: after it (0: 1 for --mode knn with batch x "
                   "beam <= 80 query rows, else --threads)")
@@ -167,10 +168,11 @@ knn::ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t st
 
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
 // selector for subset-knn (searching on the search's threads, or `threads` when nothing runs
-// beside the model), and processors with flags.knn, as `plan`
-// says.
+// beside the model), and processors with flags.knn, as `plan` says. `full_searches`: the caller
+// also runs full searches in subset-knn mode (--print-neighbors); without them an embedded
+// subset-knn retriever loads the subset codes alone.
 absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_path, int threads,
-                                 const knn::ThreadPlan& plan) {
+                                 const knn::ThreadPlan& plan, bool full_searches = false) {
   KnnSetup setup;
   if (flags.mode == "base") return setup;
   if (!flags.datastore.empty()) {
@@ -185,8 +187,10 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
         " needs exactly one of --index DIR or --datastore DIR (embedded) or --router ADDR"));
   }
   if (!flags.index_dir.empty()) {
-    ASSIGN_OR_RETURN(setup.retriever,
-                     knn::LocalRetriever::Create(flags.index_dir, plan.search_threads));
+    // Subset kNN-MT searches only its subsets: the faiss index stays on disk.
+    const bool full_search = flags.mode != "subset-knn" || full_searches;
+    ASSIGN_OR_RETURN(setup.retriever, knn::LocalRetriever::Create(
+                                          flags.index_dir, plan.search_threads, full_search));
     flags.knn.overlap_search = plan.overlap;
     flags.knn.background_search = plan.background_search;
   } else {
@@ -205,8 +209,8 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
     }
     // The selection runs on the processors' workers, beside the model when searches do.
     const int select_threads = plan.overlap ? plan.search_threads : threads;
-    ASSIGN_OR_RETURN(setup.selector, knn::SentenceIndexSelector::Load(
-                                         path, flags.subset_sentences, select_threads));
+    ASSIGN_OR_RETURN(setup.selector, knn::SentenceIndexSelector::Load(path, flags.subset_sentences,
+                                                                      select_threads));
   }
   setup.interleave = plan.interleave;
   RETURN_IF_ERROR(ResetProcessor(flags.knn, setup));
@@ -296,7 +300,8 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
-  absl::StatusOr<KnnSetup> knn = MakeKnn(flags.retrieval, flags.model, flags.threads, plan);
+  absl::StatusOr<KnnSetup> knn =
+      MakeKnn(flags.retrieval, flags.model, flags.threads, plan, flags.print_neighbors);
   ExitOnError(knn.status());
   const std::string input = flags.input == "-" ? "/dev/stdin" : flags.input;
   absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(input, nullptr);

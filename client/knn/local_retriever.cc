@@ -46,9 +46,11 @@ LocalRetriever::LocalRetriever(std::unique_ptr<SearchEngine> engine, RetrieverIn
     : engine_(std::move(engine)), info_(info) {}
 
 absl::StatusOr<std::unique_ptr<LocalRetriever>> LocalRetriever::Create(const std::string& index_dir,
-                                                                       int threads) {
+                                                                       int threads,
+                                                                       bool full_search) {
   IndexEngineOptions options;
   options.threads = threads;
+  options.full_search = full_search;
   ASSIGN_OR_RETURN(std::unique_ptr<SearchEngine> engine, CreateLocalEngine(index_dir, options));
   return Create(std::move(engine));
 }

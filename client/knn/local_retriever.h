@@ -19,9 +19,11 @@ namespace knnserve::knn {
 class LocalRetriever : public Retriever {
  public:
   // Loads every shard of the index in `index_dir` (sizes and SHA-256 verified); searches run
-  // with `threads` OpenMP threads.
+  // with `threads` OpenMP threads. Without `full_search` only the subset codes are loaded
+  // (IndexEngineOptions::full_search): subset sessions only, and no faiss index in memory.
   static absl::StatusOr<std::unique_ptr<LocalRetriever>> Create(const std::string& index_dir,
-                                                                int threads);
+                                                                int threads,
+                                                                bool full_search = true);
   // Over an engine that holds the whole datastore (id range [0, total_vectors), values).
   static absl::StatusOr<std::unique_ptr<LocalRetriever>> Create(
       std::unique_ptr<SearchEngine> engine);

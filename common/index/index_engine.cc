@@ -57,6 +57,11 @@ class ShardEngine : public SearchEngine {
       result.neighbors = std::move(subset.neighbors);
       result.vectors_searched = subset.vectors_scanned;
     } else {
+      if (index_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "full search: this engine was loaded for subset searches only "
+            "(IndexEngineOptions::full_search)");
+      }
       ASSIGN_OR_RETURN(result.neighbors, index_->Search(query.queries.view(), query.params));
       for (int64_t& id : result.neighbors.ids) {
         if (id >= 0) id += info_.id_begin;
@@ -122,7 +127,7 @@ absl::StatusOr<std::shared_ptr<const SubsetQuantizer>> LoadQuantizer(
 // What one shard's files hold, loaded and checked against the manifest.
 struct ShardParts {
   EngineInfo info;
-  std::unique_ptr<FaissIndex> index;  // in serving form
+  std::unique_ptr<FaissIndex> index;  // in serving form; null without full search
   std::vector<int32_t> values;        // when info.has_values
   std::optional<SubsetCodes> codes;   // subset codes, with their global bases set
 };
@@ -130,19 +135,26 @@ struct ShardParts {
 absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexManifest& manifest,
                                           int shard_id, const IndexEngineOptions& options) {
   const ShardManifest& shard = manifest.shards[shard_id];
-  const std::string where = absl::StrCat(dir, "/", shard.index.file);
   ShardParts parts;
-  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
-  ASSIGN_OR_RETURN(parts.index, FaissIndex::Deserialize(std::move(bytes), options.threads));
   const int64_t rows = shard.id_end - shard.id_begin;
-  if (parts.index->dim() != manifest.dim || parts.index->metric() != manifest.metric ||
-      parts.index->size() != rows) {
-    return absl::DataLossError(absl::StrCat(
-        where, ": dimension ", parts.index->dim(), ", metric ", MetricName(parts.index->metric()),
-        ", ", parts.index->size(), " vectors do not match the manifest"));
+  if (options.full_search) {
+    const std::string where = absl::StrCat(dir, "/", shard.index.file);
+    ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
+    ASSIGN_OR_RETURN(parts.index, FaissIndex::Deserialize(std::move(bytes), options.threads));
+    if (parts.index->dim() != manifest.dim || parts.index->metric() != manifest.metric ||
+        parts.index->size() != rows) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": dimension ", parts.index->dim(), ", metric ", MetricName(parts.index->metric()),
+          ", ", parts.index->size(), " vectors do not match the manifest"));
+    }
+    // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
+    RETURN_IF_ERROR(parts.index->PrepareForServing(options.adc_kernel));
+  } else if (!shard.subset_codes || !manifest.subset_quantizer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": shard ", shard_id,
+                     " has no subset codes, and an engine without full search has nothing else "
+                     "to search"));
   }
-  // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
-  RETURN_IF_ERROR(parts.index->PrepareForServing(options.adc_kernel));
   if (shard.values) {
     const std::string file = absl::StrCat(dir, "/", shard.values->file);
     ASSIGN_OR_RETURN(std::vector<uint8_t> vbytes, ReadChecked(dir, *shard.values));
@@ -202,8 +214,9 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> MakeShardEngine(
 
 // The shards (consecutive id and sentence ranges) as one: their IvfAdc lists moved into the
 // first shard's index, values and subset codes concatenated. Only for shards whose lists
-// IvfAdc scans: then one coarse search and one table per query and list serve all shards,
-// and the answers equal merging the shards' answers (same tables, same distances).
+// IvfAdc scans (or that have no index, without full search): then one coarse search and one
+// table per query and list serve all shards, and the answers equal merging the shards' answers
+// (same tables, same distances).
 absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
   ShardParts merged = std::move(shards[0]);
   std::vector<std::unique_ptr<FaissIndex>> others;
@@ -228,7 +241,9 @@ absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
     others.push_back(std::move(shard.index));
   }
   if (!merged.info.has_values) merged.values.clear();
-  RETURN_IF_ERROR(merged.index->AbsorbIvfLists(std::move(others), offsets));
+  if (merged.index != nullptr) {
+    RETURN_IF_ERROR(merged.index->AbsorbIvfLists(std::move(others), offsets));
+  }
   return merged;
 }
 
@@ -256,7 +271,8 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::strin
   bool mergeable = options.merge_shards && manifest.shards.size() > 1;
   for (int s = 0; s < static_cast<int>(manifest.shards.size()); ++s) {
     ASSIGN_OR_RETURN(ShardParts shard, LoadShardParts(dir, manifest, s, options));
-    mergeable = mergeable && shard.index->uses_ivf_adc();
+    // Without full search only the subset codes are merged.
+    mergeable = mergeable && (shard.index == nullptr || shard.index->uses_ivf_adc());
     parts.push_back(std::move(shard));
   }
   if (mergeable) {

@@ -26,6 +26,11 @@ struct IndexEngineOptions {
   // CreateLocalEngine: shards whose IVF-PQ lists IvfAdc scans become one engine (one coarse
   // search and one table per query and list for all of them; identical answers).
   bool merge_shards = true;
+  // False: the engine answers subset searches only and never reads the shards' faiss index files
+  // (an IVF-PQ shard's lists, ids and serving form are its largest part after the subset codes,
+  // and subset kNN-MT never searches them); full searches fail with FAILED_PRECONDITION.
+  // REQUIRES (else FAILED_PRECONDITION at creation): the index has subset codes.
+  bool full_search = true;
   // When set, each engine's subset ADC (the CPU engine over its shard's codes) is handed to this
   // function and searched through what it returns, e.g. a CudaSubsetAdc holding the codes on a
   // GPU (common/adc/cuda; shard/main.cc's --subset-device). Left unset: the CPU engine.

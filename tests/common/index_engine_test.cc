@@ -523,6 +523,41 @@ TEST(IndexEngine, MergedShardListsEqualShardByShardMerge) {
   }
 }
 
+// Without full search an engine holds the subset codes alone: its subset answers equal the full
+// engine's exactly (merged in-process and shard by shard), full searches are refused, and the
+// faiss index files are never read (a damaged one does not stop it loading). An index without
+// subset codes leaves it nothing to search.
+TEST(IndexEngine, SubsetOnlyEngineAnswersSubsetsAsTheFullEngineWithoutTheFaissIndex) {
+  const std::string dir = FreshTempDir("subset_only").string();
+  std::filesystem::copy(Built("IVF32,PQ8", 3), dir);
+  const Matrix<float> q = MakeQueries(Data().keys, 30, 26);
+  const SearchQuery subset =
+      testing::SubsetQuery(q, 10, Data().values.num_sentences(), 40, /*beam=*/5, 27);
+  ASSERT_OK_AND_ASSIGN(auto full, CreateLocalEngine(dir, {.threads = 2}));
+  for (const bool merge : {true, false}) {
+    SCOPED_TRACE(merge ? "merged" : "shard by shard");
+    ASSERT_OK_AND_ASSIGN(
+        auto subset_only,
+        CreateLocalEngine(dir, {.threads = 2, .merge_shards = merge, .full_search = false}));
+    ExpectIdenticalAnswers(*full, *subset_only, subset);
+    EXPECT_THAT(subset_only->Search(testing::FullQuery(q, 10, 4)),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("subset searches only")));
+  }
+  ASSERT_OK_AND_ASSIGN(auto shard_full, CreateEngine(dir, 1, {.threads = 1}));
+  ASSERT_OK_AND_ASSIGN(auto shard_subset,
+                       CreateEngine(dir, 1, {.threads = 1, .full_search = false}));
+  ExpectIdenticalAnswers(*shard_full, *shard_subset, subset);
+
+  Rewrite(dir + "/shard-00001.faiss", [](std::string& b) { b[b.size() / 2] ^= 0x5A; });
+  EXPECT_THAT(CreateLocalEngine(dir, {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shard-00001.faiss")));
+  EXPECT_THAT(CreateLocalEngine(dir, {.full_search = false}), IsOk());
+
+  const std::string no_values = Build("subset_only_no_values", "IVF32,PQ8", 2, false);
+  EXPECT_THAT(CreateLocalEngine(no_values, {.full_search = false}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no subset codes")));
+}
+
 // --subset-device: cpu leaves the CPU engine; cuda sets the GPU searcher in CUDA builds and is
 // refused, naming the missing build option, in others; any other name is refused.
 TEST(SubsetDevice, CpuCudaOrAnErrorNamingTheProblem) {
