@@ -3,7 +3,9 @@
 // running, the first request of the next batch waits at most `max_wait` for company (less when
 // the batch fills up); a request on an idle shard runs at once, and work queued while the
 // workers were busy is batched without waiting. Subset searches run alone (their rows already
-// share one pass over the codes per group). A small request on an idle shard runs on the
+// share one pass over the codes per group). The workers are ranked: a request that finds the
+// shard idle always runs on the first one, and the others join only while the ones before them
+// are busy. A small request on an idle shard runs on the
 // submitting thread (see BatcherOptions::inline_budget).
 #ifndef KNNSERVE_SHARD_BATCHER_H_
 #define KNNSERVE_SHARD_BATCHER_H_
@@ -61,12 +63,14 @@ class Batcher {
     absl::Time enqueued;
   };
 
-  void Work();
+  // Worker `rank` (0 = first) takes queued work only while at least `rank` engine calls run.
+  void Work(int rank);
   // The head of the queue and every queued request it can be coalesced with, up to
   // max_batch_rows rows; removed from the queue.
   std::vector<Pending> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CompatibleRows() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWorkFor(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BatchReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RunsInline(const SearchQuery& query) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(std::vector<Pending> batch);

@@ -1,6 +1,7 @@
 #include "shard/batcher.h"
 
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -131,6 +132,68 @@ TEST(BatcherCores, WaitsForCompanyOnlyWhenRunningCallsTakeEveryCore) {
     }
     EXPECT_EQ(engine.calls(), 2);
   }
+}
+
+// Which threads made the engine calls.
+class ThreadRecordingEngine : public SearchEngine {
+ public:
+  explicit ThreadRecordingEngine(const SearchEngine* inner) : inner_(inner) {}
+  const EngineInfo& info() const override { return inner_->info(); }
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
+    {
+      absl::MutexLock lock(&mu_);
+      threads_.insert(std::this_thread::get_id());
+    }
+    return inner_->Search(query);
+  }
+  size_t threads() const {
+    absl::MutexLock lock(&mu_);
+    return threads_.size();
+  }
+
+ private:
+  const SearchEngine* const inner_;
+  mutable absl::Mutex mu_;
+  mutable std::set<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// Requests that find the shard idle all run on the first worker, whose core and thread-local
+// scratch stay warm; another worker joins only while the ones before it are busy.
+TEST(BatcherWorkers, LoneRequestsStayOnTheFirstWorker) {
+  MetricsRegistry metrics;
+  ControlledEngine gated(std::make_unique<FlatEngine>(MakeDatastore(60, kDim, 5, 1), 0, 60));
+  ThreadRecordingEngine engine(&gated);
+  BatcherOptions options{absl::Milliseconds(1), 1024, /*num_threads=*/3, /*engine_threads=*/1,
+                         /*cores=*/4};
+  options.inline_budget = absl::ZeroDuration();  // every call on a worker
+  Batcher batcher(&engine, options, &metrics);
+  auto submit = [&](int k, uint32_t seed) {
+    auto outcome = std::make_shared<Outcome>();
+    SearchCall call;
+    call.query.queries = RandomQueries(1, kDim, seed);
+    call.query.params.k = k;
+    batcher.Submit(std::move(call), [outcome](absl::StatusOr<EngineResult> result) {
+      outcome->result = std::move(result);
+      outcome->done.Notify();
+    });
+    return outcome;
+  };
+  auto wait = [](const std::shared_ptr<Outcome>& outcome) {
+    ASSERT_TRUE(outcome->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_THAT(outcome->result, ::knnserve::testing::IsOk());
+  };
+  for (uint32_t i = 0; i < 20; ++i) wait(submit(3, i));  // one at a time
+  EXPECT_EQ(engine.threads(), 1u);
+  // Two at once (different k: not coalesced): the second worker takes the second.
+  gated.CloseGate();
+  auto first = submit(3, 100);
+  ASSERT_TRUE(gated.WaitForCallsAtGate(1, absl::Seconds(10)));
+  auto second = submit(4, 101);
+  EXPECT_TRUE(gated.WaitForCallsAtGate(2, absl::Seconds(10)));
+  gated.OpenGate();
+  wait(first);
+  wait(second);
+  EXPECT_EQ(engine.threads(), 2u);
 }
 
 TEST_F(BatcherTest, KeepsDifferentParamsAndSubsetSearchesApart) {
