@@ -79,7 +79,6 @@ void Batcher::Submit(SearchCall call, EngineDone done) {
   alone.push_back({std::move(call), std::move(done), absl::Now()});
   Run(std::move(alone));
   absl::MutexLock lock(&mu_);
-  --busy_;
   inline_running_ = false;
 }
 
@@ -101,7 +100,13 @@ absl::StatusOr<EngineResult> Batcher::Search(const SearchQuery& query) {
   const double per_row = absl::ToDoubleSeconds(took) / std::max<int64_t>(1, query.queries.rows());
   absl::MutexLock lock(&mu_);
   seconds_per_row_ = seconds_per_row_ < 0 ? per_row : 0.75 * seconds_per_row_ + 0.25 * per_row;
+  --busy_;
   return result;
+}
+
+void Batcher::ReleaseBusySlot() {
+  absl::MutexLock lock(&mu_);
+  --busy_;
 }
 
 int64_t Batcher::CompatibleRows() const {
@@ -179,8 +184,6 @@ void Batcher::Work(int rank) {
       ++busy_;
     }
     Run(std::move(batch));
-    absl::MutexLock lock(&mu_);
-    --busy_;
   }
 }
 
@@ -198,7 +201,10 @@ void Batcher::Run(std::vector<Pending> batch) {
       live.push_back(std::move(pending));
     }
   }
-  if (live.empty()) return;
+  if (live.empty()) {
+    ReleaseBusySlot();
+    return;
+  }
   int64_t rows = 0;
   for (const Pending& pending : live) rows += pending.call.query.queries.rows();
   batch_requests_->Observe(live.size());

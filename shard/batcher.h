@@ -73,10 +73,14 @@ class Batcher {
   bool HasWorkFor(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BatchReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RunsInline(const SearchQuery& query) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: the caller took a busy slot (++busy_). Run gives it back as soon as the engine
+  // call returns (or at once when nothing is left to search), before anyone is answered: a
+  // client that sends its next request on the answer finds this worker idle.
   void Run(std::vector<Pending> batch);
   void RunCoalesced(std::vector<Pending> batch);
-  // The engine call on `query`, timed.
+  // The engine call on `query`, timed; gives back the caller's busy slot.
   absl::StatusOr<EngineResult> Search(const SearchQuery& query);
+  void ReleaseBusySlot();
 
   const SearchEngine* const engine_;
   const BatcherOptions options_;
