@@ -66,10 +66,9 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "embedded retrieval: threads of each step's search; the model gets the "
                   "rest of --threads while a search runs beside it. With interleaved batches "
                   "(0: --threads - 1 up to 160 query rows a step, else 1 in the background); "
-                  "otherwise fewer than "
-                  "--threads: the search runs beside the model while it computes the step's "
-                  "log-probabilities; as many: after it (0: 1 for --mode knn with batch x "
-                  "beam <= 80 query rows, else --threads)")
+                  "otherwise fewer than --threads: the search runs beside the model while it "
+                  "computes the step's log-probabilities; as many: after it (0: 1 for --mode "
+                  "knn with batch x beam <= 80 query rows, else --threads)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   cmd->add_option("--interleave-batches", f->interleave_batches,

@@ -38,7 +38,7 @@ constexpr int64_t kOneModelThreadStepRows = 40;
 // loses little on one, while a search in the background slows a two-thread model more than the
 // search costs.
 constexpr int64_t kBackgroundSearchStepRows = 160;
-//
+
 // Through a router whose servers share the decoder's cores, the model keeps one thread up to
 // this many rows. Measured with the demo's router and 2 shards on the same 2 cores at idle
 // priority (chrt -i; the scripts use nice 19, deploy/local/up.sh -n), kNN-MT, seconds, the

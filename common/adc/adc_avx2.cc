@@ -230,7 +230,7 @@ void ScanBlock(const uint8_t* const* tables, const uint8_t* block, int m_count,
 void ScanQuantizedAvx2(const uint8_t* const* tables, int num_queries, const uint8_t* block,
                        int m_count, const uint16_t* const* biases, const uint16_t* limits,
                        uint16_t* sums, uint64_t* below) {
-  // Two queries per pass: their 8 accumulators and one table's 16 rows fill the registers.
+  // Two queries per pass: their 8 accumulators stay in registers beside one look-up's tree.
   for (int first = 0; first < num_queries; first += 2) {
     const uint16_t* const* pass_biases = biases != nullptr ? biases + first : nullptr;
     if (num_queries - first >= 2) {

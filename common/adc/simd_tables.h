@@ -1,12 +1,8 @@
 // The float table loops of adc_kernels.h's LUT and residual-table kernels, written once for any
 // vector width. Included only by the per-ISA kernel files (adc_avx2.cc, adc_avx512.cc), each of
-// which instantiates them with its own vector operations, compiled with its own instruction set:
-//   struct Ops {
-//     using V = ...;  static constexpr int kWidth = floats per V;
-//     static V Zero(); static V Set(float); static V Load(const float*); static void Store(float*,
-//     V); static V Add(V, V); static V Sub(V, V); static V Mul(V, V); static V Fma(V a, V b, V c);
-//     // a*b+c
-//   };
+// which instantiates them with its own vector operations, compiled with its own instruction set.
+// Ops provides: a vector type V of kWidth floats; Zero(), Set(float), Load(const float*),
+// Store(float*, V); Add, Sub, Mul of two V; Fma(a, b, c) = a * b + c, fused.
 // Internal to common/adc.
 #ifndef KNNSERVE_COMMON_ADC_SIMD_TABLES_H_
 #define KNNSERVE_COMMON_ADC_SIMD_TABLES_H_

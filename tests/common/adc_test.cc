@@ -35,6 +35,10 @@ constexpr AdcKernel kAllKernels[] = {AdcKernel::kScalar,        AdcKernel::kAvx2
                                      AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi};
 constexpr AdcKernel kQuantizedKernels[] = {AdcKernel::kQuantizedScalar, AdcKernel::kQuantizedAvx2,
                                            AdcKernel::kQuantizedVbmi};
+// The exact scalar reference and every quantized kernel.
+constexpr AdcKernel kScalarAndQuantizedKernels[] = {AdcKernel::kScalar, AdcKernel::kQuantizedScalar,
+                                                    AdcKernel::kQuantizedAvx2,
+                                                    AdcKernel::kQuantizedVbmi};
 
 // Every kernel this CPU supports must give bit-identical sums to the scalar reference, for M a
 // multiple of 16 and not (partial last chunk), several queries sharing the codes.
@@ -583,8 +587,7 @@ absl::StatusOr<std::vector<SubsetResult>> SearchWithEveryKernel(
     const std::vector<uint8_t>& code_bytes, MatrixView<const float> queries,
     const SubsetGroups& groups, const std::vector<int32_t>& row_group, int k, int threads) {
   std::vector<SubsetResult> results;
-  for (AdcKernel kernel : {AdcKernel::kScalar, AdcKernel::kQuantizedScalar,
-                           AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi}) {
+  for (AdcKernel kernel : kScalarAndQuantizedKernels) {
     if (!CpuSupports(kernel)) continue;
     SubsetCodes codes{codebook.m, 0, 0, offsets, code_bytes};
     ASSIGN_OR_RETURN(auto adc,
@@ -663,8 +666,7 @@ TEST(SubsetAdc, DegenerateTablesKeepEveryVector) {
   for (uint8_t& c : code_bytes) c = static_cast<uint8_t>(rng());
   const SubsetGroups groups = {{3, 40, 41, 200, 310}};
   const std::vector<float> queries(3 * kDim, 1.0f);
-  for (AdcKernel kernel : {AdcKernel::kScalar, AdcKernel::kQuantizedScalar,
-                           AdcKernel::kQuantizedAvx2, AdcKernel::kQuantizedVbmi}) {
+  for (AdcKernel kernel : kScalarAndQuantizedKernels) {
     if (!CpuSupports(kernel)) continue;
     SCOPED_TRACE(AdcKernelName(kernel));
     SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
