@@ -18,14 +18,15 @@ namespace knnserve {
 struct EngineInfo {
   int dim = 0;
   Metric metric = Metric::kL2;
-  std::string factory;          // faiss index_factory string ("Flat", "OPQ64_256,IVF4096,PQ64")
-  int64_t total_vectors = 0;    // in the whole datastore, all shards together
-  int64_t id_begin = 0;         // this slice's global token ids: [id_begin, id_end)
+  std::string factory;        // faiss index_factory string ("Flat", "OPQ64_256,IVF4096,PQ64")
+  int64_t total_vectors = 0;  // in the whole datastore, all shards together
+  int64_t id_begin = 0;       // this slice's global token ids: [id_begin, id_end)
   int64_t id_end = 0;
-  int64_t num_sentences = 0;    // in the whole datastore; 0 when there are no subset codes
-  int64_t sentence_begin = 0;   // sentences whose subset codes this slice holds
+  int64_t num_sentences = 0;   // in the whole datastore; 0 when there are no subset codes
+  int64_t sentence_begin = 0;  // sentences whose subset codes this slice holds
   int64_t sentence_end = 0;
-  bool has_values = false;      // answers carry value tokens
+  bool has_values = false;   // answers carry value tokens
+  bool subset_only = false;  // full searches fail (IndexEngineOptions::full_search = false)
 
   IndexShape shape() const { return {dim, num_sentences}; }
 };

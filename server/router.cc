@@ -184,6 +184,18 @@ class FanOut {
   const SearchDone done_;
 };
 
+// A full search needs every shard's faiss index; subset-only shards were started without it.
+absl::Status SubsetOnlyError(const std::vector<v1::ShardInfo>& ranges) {
+  std::vector<int> shards;
+  for (const v1::ShardInfo& range : ranges) {
+    if (range.subset_only()) shards.push_back(range.shard_id());
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("full search: shard", shards.size() == 1 ? " " : "s ",
+                   absl::StrJoin(shards, ", "), shards.size() == 1 ? " serves" : " serve",
+                   " subset searches only (knnserve-shard --subset-only)"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(const ShardMap& map, RouterOptions options,
@@ -280,6 +292,7 @@ void Router::Update() {
       break;
     }
     all.set_supports_subset(all.supports_subset() && info->supports_subset());
+    all.set_subset_only(all.subset_only() || info->subset_only());
     v1::ShardInfo range = info->shards(0);
     range.set_shard_id(shard->shard_id());
     range.clear_replicas();
@@ -356,6 +369,10 @@ void Router::Search(SearchCall call, SearchDone done) {
   std::shared_ptr<const Topology> topology = this->topology();
   if (topology == nullptr) {
     done(Shape().status());
+    return;
+  }
+  if (!call.query.is_subset() && topology->info.subset_only()) {
+    done(SubsetOnlyError(topology->ranges));
     return;
   }
   const std::vector<size_t> targets = Targets(*topology, call.query);

@@ -2,7 +2,7 @@
 //
 //   knnserve-shard --index DIR --shard ID [--listen 127.0.0.1:7000] [--metrics-listen ADDR]
 //                  [--tls-cert F --tls-key F [--tls-ca F]] [--threads N] [--batch-wait-us U]
-//                  [--subset-device cpu|cuda]
+//                  [--subset-device cpu|cuda] [--subset-only]
 //
 // It listens at once with health NOT_SERVING, loads and verifies the shard (sizes and SHA-256
 // from the manifest), runs a warm-up query, then reports SERVING. SIGTERM or SIGINT drains:
@@ -34,6 +34,7 @@ struct ShardFlags {
   int64_t batch_wait_us = 1000;
   int64_t inline_budget_us = 2000;
   std::string subset_device = "cpu";
+  bool subset_only = false;
 };
 
 int Run(const ShardFlags& flags) {
@@ -49,6 +50,7 @@ int Run(const ShardFlags& flags) {
   }
   IndexEngineOptions engine_options;
   engine_options.threads = flags.threads;
+  engine_options.full_search = !flags.subset_only;
   if (absl::Status s = UseSubsetDevice(flags.subset_device, engine_options); !s.ok()) {
     Log(LogLevel::kError, "bad --subset-device", {{"error", s.ToString()}});
     return 1;
@@ -142,6 +144,9 @@ int main(int argc, char** argv) {
   app.add_option("--subset-device", flags.subset_device,
                  "where subset ADC runs: cpu, or cuda (codes on the current GPU; CUDA builds)")
       ->capture_default_str();
+  app.add_flag("--subset-only", flags.subset_only,
+               "load only the subset codes and values (no faiss index): subset searches only, "
+               "full searches fail with FAILED_PRECONDITION");
   CLI11_PARSE(app, argc, argv);
   flags.server.InitLogging("shard");
   return knnserve::Run(flags);

@@ -1,5 +1,6 @@
 #include "shard/shard_backend.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,10 @@ SearchQuery WarmUpQuery(const EngineInfo& info) {
   query.queries = Matrix<float>(1, info.dim);
   query.params.k = 1;
   query.request_id = "warm-up";
+  if (info.subset_only) {
+    query.subset_groups = std::make_shared<const SubsetGroups>(SubsetGroups{{info.sentence_begin}});
+    query.row_group = {0};
+  }
   return query;
 }
 
@@ -77,12 +82,14 @@ absl::StatusOr<v1::InfoResponse> ShardBackend::Info() const {
   response.set_total_vectors(info.total_vectors);
   response.set_num_sentences(info.num_sentences);
   response.set_supports_subset(info.num_sentences > 0);
+  response.set_subset_only(info.subset_only);
   v1::ShardInfo* shard = response.add_shards();
   shard->set_shard_id(shard_id_);
   shard->set_id_begin(info.id_begin);
   shard->set_id_end(info.id_end);
   shard->set_sentence_begin(info.sentence_begin);
   shard->set_sentence_end(info.sentence_end);
+  shard->set_subset_only(info.subset_only);
   return response;
 }
 

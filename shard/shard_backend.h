@@ -43,7 +43,8 @@ class ShardBackend : public SearchBackend {
   std::shared_ptr<const Serving> serving_ ABSL_GUARDED_BY(mu_);
 };
 
-// The warm-up query: one zero row, k = 1, over the whole slice.
+// The warm-up query: one zero row, k = 1, over the whole slice; for a subset-only slice, over the
+// slice's first sentence.
 SearchQuery WarmUpQuery(const EngineInfo& info);
 
 }  // namespace knnserve

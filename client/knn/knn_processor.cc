@@ -203,6 +203,12 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> KnnLogitsProcessor::Create(
     return absl::FailedPreconditionError(
         "subset kNN-MT needs an index with subset codes (built with values and a PQ)");
   }
+  if (selector == nullptr && retriever->info().subset_only) {
+    return absl::FailedPreconditionError(
+        "kNN-MT searches the whole datastore, but its shards serve subset searches only "
+        "(knnserve-shard --subset-only): use --mode subset-knn, or shards with their faiss "
+        "index");
+  }
   return absl::WrapUnique(new KnnLogitsProcessor(retriever, options, selector));
 }
 

@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<LocalRetriever>> LocalRetriever::Create(
   info.total_vectors = e.total_vectors;
   info.num_sentences = e.num_sentences;
   info.supports_subset = e.num_sentences > 0;
+  info.subset_only = e.subset_only;
   return absl::WrapUnique(new LocalRetriever(std::move(engine), info));
 }
 

@@ -215,6 +215,7 @@ absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
   info.total_vectors = response.total_vectors();
   info.num_sentences = response.num_sentences();
   info.supports_subset = response.supports_subset();
+  info.subset_only = response.subset_only();
   // A server that does not report its limits enforces the defaults.
   if (response.limits().max_rows() > 0) info.max_rows = response.limits().max_rows();
   return absl::WrapUnique(new RemoteRetriever(options, std::move(stub), info));

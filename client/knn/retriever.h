@@ -26,6 +26,7 @@ struct RetrieverInfo {
   int64_t total_vectors = 0;
   int64_t num_sentences = 0;     // 0 when the datastore has no sentence structure
   bool supports_subset = false;  // subset PQ codes present: sessions may declare groups
+  bool subset_only = false;      // full searches fail: sessions must declare groups
   // Query rows one Search call accepts (a server's Info limits; the embedded mode enforces the
   // same defaults). The kNN processor sends larger steps in pieces.
   int64_t max_rows = RequestLimits().max_rows;

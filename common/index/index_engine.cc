@@ -59,8 +59,8 @@ class ShardEngine : public SearchEngine {
     } else {
       if (index_ == nullptr) {
         return absl::FailedPreconditionError(
-            "full search: this engine was loaded for subset searches only "
-            "(IndexEngineOptions::full_search)");
+            "full search: this index was loaded for subset searches only, without its faiss "
+            "index (knnserve-shard --subset-only, or embedded subset kNN-MT)");
       }
       ASSIGN_OR_RETURN(result.neighbors, index_->Search(query.queries.view(), query.params));
       for (int64_t& id : result.neighbors.ids) {
@@ -189,6 +189,7 @@ absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexMan
   info.sentence_begin = shard.sentence_begin;
   info.sentence_end = shard.sentence_end;
   info.has_values = shard.values.has_value();
+  info.subset_only = !options.full_search;
   return parts;
 }
 

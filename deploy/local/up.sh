@@ -4,26 +4,28 @@
 # until every process reports it is serving, then prints the router's address.
 #
 #   deploy/local/up.sh INDEX_DIR [-r REPLICAS] [-p BASE_PORT] [-d RUN_DIR] [-n NICE]
-#                      [-- ROUTER_FLAGS...]
+#                      [-s SHARD_FLAGS] [-- ROUTER_FLAGS...]
 #
 # -n runs every server at that niceness (nice(1)): with a decoder on the same machine, e.g.
 # -n 19 lets the decoder's model threads go first and the servers fill the time they leave.
+# -s passes flags to every knnserve-shard, split at spaces: e.g. -s "--subset-only --threads 2".
 # Ports: the router listens on BASE_PORT (default 6000), its metrics on BASE_PORT+1; shard s,
 # replica r on BASE_PORT+10+2*(s*R+r), its metrics on the port after. Logs, pids and the shard
 # map go to RUN_DIR (default /tmp/knnserve-local). Binaries come from $KNNSERVE_BIN (default
 # build/bin). deploy/local/down.sh stops the cluster.
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 index_dir=$1; shift
-replicas=1; base_port=6000; run_dir=/tmp/knnserve-local; niceness=0
+replicas=1; base_port=6000; run_dir=/tmp/knnserve-local; niceness=0; shard_flags=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -r) replicas=$2; shift 2 ;;
     -p) base_port=$2; shift 2 ;;
     -d) run_dir=$2; shift 2 ;;
     -n) niceness=$2; shift 2 ;;
+    -s) read -r -a shard_flags <<< "$2"; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -56,7 +58,8 @@ for ((s = 0; s < shards; s++)); do
     port=$((base_port + 10 + 2 * (s * replicas + r)))
     log=$run_dir/logs/shard-$s-$r.log
     nice -n "$niceness" "$bin/knnserve-shard" --index "$index_dir" --shard "$s" \
-      --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" > "$log" 2>&1 &
+      --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
+      "${shard_flags[@]}" > "$log" 2>&1 &
     echo $! >> "$run_dir/pids"
     logs+=("$log")
     line="$line 127.0.0.1:$port"

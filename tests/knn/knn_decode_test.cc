@@ -460,6 +460,28 @@ TEST_F(KnnDecodeTest, AStepAbandonedAfterBeginStepLeavesTheProcessorUsable) {
   EXPECT_EQ(processor->stats().query_rows, 5);
 }
 
+TEST_F(KnnDecodeTest, SubsetOnlyRetrieverServesSubsetKnnAndRefusesFullKnn) {
+  ASSERT_OK_AND_ASSIGN(auto subset_only, knn::LocalRetriever::Create(pq_->index_dir, 1,
+                                                                     /*full_search=*/false));
+  EXPECT_TRUE(subset_only->info().subset_only);
+  EXPECT_FALSE(Local(*pq_)->info().subset_only);
+  knn::KnnOptions options;
+  EXPECT_THAT(knn::KnnLogitsProcessor::Create(subset_only.get(), options, nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("subset searches only")));
+  // Subset kNN-MT on it translates as on the full engine.
+  const torch::Tensor src = SourceBatch(*pairs_);
+  ASSERT_OK_AND_ASSIGN(auto selector,
+                       knn::SentenceIndexSelector::Load(pq_->sentence_index_dir, 3, 1));
+  options.weight = 0.7;
+  options.k = 4;
+  options.temperature = 5;
+  auto full_retriever = Local(*pq_);
+  auto expected = MakeProcessor(full_retriever.get(), options, selector.get());
+  auto got = MakeProcessor(subset_only.get(), options, selector.get());
+  EXPECT_EQ(Decode(*model_, src, got.get(), 5), Decode(*model_, src, expected.get(), 5));
+}
+
 TEST_F(KnnDecodeTest, ProcessBeforeBeginBatchIsAnError) {
   auto retriever = Local(*flat_);
   auto processor = MakeProcessor(retriever.get(), knn::KnnOptions());

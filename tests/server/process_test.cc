@@ -18,6 +18,7 @@
 #include "common/datastore/key_source.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
+#include "common/index/manifest.h"
 #include "common/status_matchers.h"
 #include "common/wire.h"
 #include "gmock/gmock.h"
@@ -149,13 +150,15 @@ std::string BuildIndexDir(const std::string& name, const std::string& factory, i
 // Shard processes for every shard of `dir` and a router process in front of them.
 class ProcessCluster {
  public:
-  ProcessCluster(const std::string& dir, int shards, const std::string& name) {
+  ProcessCluster(const std::string& dir, int shards, const std::string& name,
+                 const std::vector<std::string>& shard_flags = {}) {
     std::string map;
     for (int s = 0; s < shards; ++s) {
-      shards_.push_back(std::make_unique<Process>(
-          std::vector<std::string>{Bin("knnserve-shard"), "--index", dir, "--shard",
-                                   absl::StrCat(s), "--listen", "127.0.0.1:0"},
-          absl::StrCat(dir, "/", name, "_shard", s, ".log")));
+      std::vector<std::string> argv = {Bin("knnserve-shard"), "--index",  dir,          "--shard",
+                                       absl::StrCat(s),       "--listen", "127.0.0.1:0"};
+      argv.insert(argv.end(), shard_flags.begin(), shard_flags.end());
+      shards_.push_back(
+          std::make_unique<Process>(argv, absl::StrCat(dir, "/", name, "_shard", s, ".log")));
     }
     for (int s = 0; s < shards; ++s) {
       absl::StrAppend(&map, s, " ", shards_[s]->Address(), "\n");
@@ -188,6 +191,28 @@ void ExpectEqualsEngine(const v1::SearchResponse& response, const SearchEngine& 
   ASSERT_OK_AND_ASSIGN(Neighbors got, DecodeNeighbors(response));
   testing::ExpectSameNeighborsUpToRounding(expected.neighbors, got);
   EXPECT_EQ(got.values, expected.neighbors.values);
+}
+
+// A subset search through `stub` (rows: row_group.size() random queries from `seed`) answers as
+// `engine` does.
+void ExpectSubsetSearchEqualsEngine(v1::Retrieval::Stub* stub, const SearchEngine& engine,
+                                    const SubsetGroups& groups,
+                                    const std::vector<int32_t>& row_group, int k, uint32_t seed) {
+  const Matrix<float> queries = Queries(static_cast<int64_t>(row_group.size()), seed);
+  v1::SearchRequest request = MakeRequest(queries, k);
+  for (const auto& group : groups) {
+    request.add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+  }
+  request.mutable_row_group()->Assign(row_group.begin(), row_group.end());
+  v1::SearchResponse response;
+  const grpc::Status status = CallSearch(stub, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  SearchQuery query;
+  query.queries = queries;
+  query.params.k = k;
+  query.subset_groups = std::make_shared<const SubsetGroups>(groups);
+  query.row_group = row_group;
+  ExpectEqualsEngine(response, engine, query);
 }
 
 class RouterProcessTest : public ::testing::TestWithParam<std::string> {};
@@ -227,22 +252,45 @@ TEST(ProcessTest, SubsetSearchThroughTheRouterEqualsTheLocalEngine) {
   ProcessCluster cluster(dir, kShards, "subset");
   auto stub = Connect(cluster.address());
   const int64_t sentences = local->info().num_sentences;
-  const SubsetGroups groups = {{0, 1, 2, sentences / 2}, {sentences - 1, sentences - 2}};
-  const Matrix<float> queries = Queries(4, 8);
-  v1::SearchRequest request = MakeRequest(queries, 5);
-  for (const auto& group : groups) {
-    request.add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+  ExpectSubsetSearchEqualsEngine(stub.get(), *local,
+                                 {{0, 1, 2, sentences / 2}, {sentences - 1, sentences - 2}},
+                                 {0, 0, 1, 1}, 5, 8);
+}
+
+TEST(ProcessTest, SubsetOnlyShardsAnswerSubsetsWithoutTheirFaissIndexAndRefuseFullSearches) {
+  const std::string dir = BuildIndexDir("subset_only", "IVF32,PQ8", kShards);
+  ASSERT_OK_AND_ASSIGN(auto local, CreateLocalEngine(dir, {.threads = 1}));
+  ASSERT_OK_AND_ASSIGN(IndexManifest manifest, ReadManifest(dir));
+  // Damaged faiss files: a shard that read one would refuse to start (DATA_LOSS).
+  for (const ShardManifest& shard : manifest.shards) {
+    std::ofstream(absl::StrCat(dir, "/", shard.index.file), std::ios::binary) << "damaged";
   }
-  for (int g : {0, 0, 1, 1}) request.add_row_group(g);
+  ProcessCluster cluster(dir, kShards, "subset_only", {"--subset-only"});
+  auto stub = Connect(cluster.address());
+
+  grpc::ClientContext info_context;
+  v1::InfoResponse info;
+  ASSERT_TRUE(stub->Info(&info_context, v1::InfoRequest(), &info).ok());
+  EXPECT_TRUE(info.subset_only());
+  EXPECT_TRUE(info.supports_subset());
+  ASSERT_EQ(info.shards_size(), kShards);
+  for (const v1::ShardInfo& shard : info.shards()) EXPECT_TRUE(shard.subset_only());
+
+  const int64_t sentences = local->info().num_sentences;
+  ExpectSubsetSearchEqualsEngine(stub.get(), *local, {{3, sentences / 2, sentences - 1}}, {0, 0, 0},
+                                 6, 9);
+  const Matrix<float> queries = Queries(3, 9);
   v1::SearchResponse response;
-  const grpc::Status status = CallSearch(stub.get(), request, &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  SearchQuery query;
-  query.queries = queries;
-  query.params.k = 5;
-  query.subset_groups = std::make_shared<const SubsetGroups>(groups);
-  query.row_group = {0, 0, 1, 1};
-  ExpectEqualsEngine(response, *local, query);
+
+  // A full search: refused by the router, naming the shards, and by each shard itself.
+  const grpc::Status full = CallSearch(stub.get(), MakeRequest(queries, 6), &response);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(full.error_message(),
+              ::testing::HasSubstr("shards 0, 1, 2 serve subset searches only"));
+  auto shard_stub = Connect(cluster.shard(1).Address());
+  const grpc::Status direct = CallSearch(shard_stub.get(), MakeRequest(queries, 6), &response);
+  EXPECT_EQ(direct.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(direct.error_message(), ::testing::HasSubstr("subset searches only"));
 }
 
 TEST(ProcessTest, SigtermDrainsAndExitsZero) {
@@ -265,9 +313,10 @@ TEST(ProcessTest, LocalUpAndDownScripts) {
   const std::string dir = BuildIndexDir("up", "Flat", 2);
   const std::string run_dir = absl::StrCat(dir, "/run");
   const std::string out = absl::StrCat(dir, "/up.out");
-  const std::string up = absl::StrCat("KNNSERVE_BIN=", KNNSERVE_BIN_DIR, " KNNSERVE_UP_TIMEOUT=60 ",
-                                      "timeout 120 deploy/local/up.sh ", dir, " -r 2 -p 16300 -d ",
-                                      run_dir, " > ", out);
+  const std::string up =
+      absl::StrCat("KNNSERVE_BIN=", KNNSERVE_BIN_DIR, " KNNSERVE_UP_TIMEOUT=60 ",
+                   "timeout 120 deploy/local/up.sh ", dir,
+                   " -r 2 -p 16300 -s \"--batch-threads 1\" -d ", run_dir, " > ", out);
   ASSERT_EQ(std::system(up.c_str()), 0) << ReadFile(out);
   std::string address = ReadFile(out);
   address.erase(address.find_last_not_of('\n') + 1);
