@@ -22,8 +22,15 @@ using adc_internal::LutQuantization;
 using adc_internal::PackedLine;
 
 constexpr int kLutSize = PqCodebook::kCentroids;
-// Rows whose query tables are built in one pass over the centroids (BuildQueryTables).
+// Rows whose query tables are built in one pass over the centroids (SetUpRows).
 constexpr int kTableRows = 8;
+// Rows pre-scanned in one pass over a list's codes: the quantized kernels' most queries.
+constexpr int kPassRows = 8;
+// The float tables of the rows searched together (SearchRows) take at most this much, and at
+// least kTableRows rows, at most kMostRowsTogether, are searched together.
+constexpr size_t kRowsTogetherLutBytes = size_t{8} << 20;
+constexpr int kMostRowsTogether = 256;
+constexpr double kNoBound = std::numeric_limits<double>::infinity();
 
 absl::Status CheckLists(const IvfPqLists& lists) {
   const PqCodebook& pq = lists.codebook;
@@ -51,28 +58,51 @@ absl::Status CheckLists(const IvfPqLists& lists) {
 
 }  // namespace
 
-// A survivor of the pre-scan awaiting its exact distance: probe p's list, position in it, and
-// the lower bound of its distance.
+// A survivor of the pre-scan awaiting its exact distance: the lower bound of its distance, and
+// what that distance needs, copied while its list is scanned (and cached): by the time a row's
+// survivors are re-ranked, the other rows' lists have been scanned too.
 struct IvfAdc::Pending {
   double lower;
-  int64_t position;  // in its list
-  int probe;
-  uint32_t id;  // local id, read while the list is scanned: in list order, not ranked order
+  float bias;     // its b
+  uint32_t id;    // local id
+  uint32_t code;  // its code's m bytes at Row::codes[code]
+  int probe;      // of its list
 };
 
-struct IvfAdc::Scratch {
-  std::vector<float> x_norms;                        // nprobe: ||x||², x = q − c_l
-  adc_internal::AlignedVector<float> query_luts;     // kTableRows x m x 256: T of each query
-  const float* query_lut = nullptr;                  // T of the row being searched
-  adc_internal::AlignedVector<uint8_t> query_table;  // and quantized
-  adc_internal::AlignedVector<uint16_t> biases;  // per position of the list: its b in table steps
-  CandidateFilter filter;
+// One row's tables and search state.
+struct IvfAdc::Row {
+  const float* query = nullptr;
+  const float* lut = nullptr;      // T: m x 256 floats
+  const uint8_t* table = nullptr;  // T quantized as query_bounds
+  LutQuantization query_bounds;
+  double query_norm = 0.0;          // ||q||
+  const int64_t* probes = nullptr;  // nprobe lists, nearest first (−1: none)
+  std::vector<float> x_norms;       // per probe: ||x||², x = q − c_l
   std::vector<Pending> pending;
+  std::vector<uint8_t> codes;  // of the pending survivors
   // Max-heap of the k smallest upper bounds of distances offered; kth_bound its top (infinite
   // until k are known), an upper bound of the row's k-th distance.
   std::vector<double> upper_bounds;
-  double kth_bound = std::numeric_limits<double>::infinity();
+  double kth_bound = kNoBound;
   std::vector<Candidate> heap;  // the k nearest by exact distance
+};
+
+// Probe `probe` of row `row` (in Scratch::rows) is list `list`.
+struct IvfAdc::ListVisit {
+  int64_t list;
+  int row;
+  int probe;
+};
+
+// Per thread, kept between calls (tables of tens of KiB per row otherwise reallocated).
+struct IvfAdc::Scratch {
+  adc_internal::AlignedVector<float> luts;      // per row of SearchRows: m x 256 floats, T
+  adc_internal::AlignedVector<uint8_t> tables;  // and quantized
+  std::vector<Row> rows;
+  std::vector<ListVisit> visits;
+  // Per row of a pass over a list: its vectors' b in the row's table steps, and its filter.
+  adc_internal::AlignedVector<uint16_t> biases[kPassRows];
+  CandidateFilter filters[kPassRows];
 };
 
 absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options options) {
@@ -245,23 +275,20 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
   }
   Neighbors out = Neighbors::Missing(queries.rows, k, Metric::kL2, /*with_values=*/false);
   const ScopedOmpThreads scoped_threads(options_.threads);
-  const size_t table_size = static_cast<size_t>(codebook_.m) * kLutSize;
+  const size_t lut_bytes = static_cast<size_t>(codebook_.m) * kLutSize * sizeof(float);
+  const int together = static_cast<int>(
+      std::clamp<size_t>(kRowsTogetherLutBytes / lut_bytes, kTableRows, kMostRowsTogether));
 #pragma omp parallel if (queries.rows > 1)
   {
-    // Per thread and kept between calls (tables of tens of KiB per row otherwise reallocated).
     thread_local Scratch scratch;
     // Contiguous rows per thread: a beam's hypotheses are adjacent rows that probe mostly the
-    // same lists, whose codes then come from this core's cache.
+    // same lists.
     const int threads = omp_get_num_threads();
     const int thread = omp_get_thread_num();
     const int64_t end = queries.rows * (thread + 1) / threads;
-    for (int64_t first = queries.rows * thread / threads; first < end; first += kTableRows) {
-      const int num = static_cast<int>(std::min<int64_t>(kTableRows, end - first));
-      BuildQueryTables(queries, first, num, scratch);
-      for (int i = 0; i < num; ++i) {
-        SearchRow(queries.row(first + i), scratch.query_luts.data() + i * table_size,
-                  probes.row(first + i), static_cast<int>(probes.cols), k, scratch, first + i, out);
-      }
+    for (int64_t first = queries.rows * thread / threads; first < end; first += together) {
+      const int num = static_cast<int>(std::min<int64_t>(together, end - first));
+      SearchRows(queries, probes, first, num, k, scratch, out);
     }
   }
   return out;
@@ -270,24 +297,97 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
 // The table kernel keeps each sub-quantizer's centroids (dsub x 256 floats) in L1 while it
 // builds that part of every query's table: the centroids (512 KiB at d 512) are read once per
 // kTableRows rows instead of once per row. Read per row they came from L2 or beyond and were 5%
-// of a quarter-size shard's time (service_bench b); the tables are the same either way.
-void IvfAdc::BuildQueryTables(MatrixView<const float> queries, int64_t first, int num,
-                              Scratch& scratch) const {
-  const size_t table_size = static_cast<size_t>(codebook_.m) * kLutSize;
-  scratch.query_luts.resize(kTableRows * table_size);
-  const float* xs[kTableRows];
-  float* luts[kTableRows];
-  for (int i = 0; i < num; ++i) {
-    xs[i] = queries.row(first + i);
-    luts[i] = scratch.query_luts.data() + i * table_size;
+// of a quarter-size shard's time (service_bench b); the tables are the same either way. Each
+// table is quantized while it is still cached.
+void IvfAdc::SetUpRows(MatrixView<const float> queries, MatrixView<const int64_t> probes,
+                       int64_t first, int num, Scratch& scratch) const {
+  const int m = codebook_.m;
+  const int d = dim();
+  const size_t table_size = static_cast<size_t>(m) * kLutSize;
+  scratch.luts.resize(num * table_size);
+  scratch.tables.resize(num * table_size);
+  if (static_cast<int>(scratch.rows.size()) < num) scratch.rows.resize(num);
+  for (int group = 0; group < num; group += kTableRows) {
+    const int count = std::min(kTableRows, num - group);
+    const float* xs[kTableRows];
+    float* luts[kTableRows];
+    for (int i = 0; i < count; ++i) {
+      xs[i] = queries.row(first + group + i);
+      luts[i] = scratch.luts.data() + (group + i) * table_size;
+    }
+    tables_.residual_luts(xs, count, centroids_t_.data(), zeros_.data(), m, codebook_.dsub, luts);
+    for (int i = 0; i < count; ++i) {
+      Row& row = scratch.rows[group + i];
+      uint8_t* table = scratch.tables.data() + (group + i) * table_size;
+      row.query = xs[i];
+      row.lut = luts[i];
+      row.query_bounds = adc_internal::QuantizeLut(row.lut, m, Metric::kL2, table);
+      row.table = table;
+      double norm = 0.0;
+      for (int j = 0; j < d; ++j) norm += static_cast<double>(row.query[j]) * row.query[j];
+      row.query_norm = std::sqrt(norm);
+      row.probes = probes.row(first + group + i);
+      row.x_norms.assign(probes.cols, 0.0f);
+      for (int p = 0; p < probes.cols; ++p) {
+        const int64_t list = row.probes[p];
+        if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
+        row.x_norms[p] = adc_internal::SquaredL2(row.query, coarse_centroids_.data() + list * d, d);
+      }
+      row.pending.clear();
+      row.codes.clear();
+      row.upper_bounds.clear();
+      row.kth_bound = kNoBound;
+      row.heap.clear();
+    }
   }
-  tables_.residual_luts(xs, num, centroids_t_.data(), zeros_.data(), codebook_.m, codebook_.dsub,
-                        luts);
+}
+
+// A decoding step's rows probe the same lists many times over: the demo's kNN-MT at batch 64
+// (171 rows, nprobe 8, 1,024 lists) probed 320 distinct lists per call for 1,268 probes, and
+// its beams alone shared a third of theirs. Each list is scanned once for all rows that probe
+// it, up to kPassRows per pass, so its codes are read once instead of once per row. Each row's
+// nearest list comes first, for all rows: on clustered keys it holds most of the k nearest, and
+// its exact k-th distance caps the row's other lists far tighter than upper bounds do; then the
+// other lists, in list order. The order changes what is pruned, never the answer.
+void IvfAdc::SearchRows(MatrixView<const float> queries, MatrixView<const int64_t> probes,
+                        int64_t first, int num, int k, Scratch& scratch, Neighbors& out) const {
+  SetUpRows(queries, probes, first, num, scratch);
+  std::vector<ListVisit>& visits = scratch.visits;
+  for (const bool nearest : {true, false}) {
+    visits.clear();
+    for (int i = 0; i < num; ++i) {
+      const int64_t* row_probes = scratch.rows[i].probes;
+      bool first_list = true;
+      for (int p = 0; p < probes.cols; ++p) {
+        const int64_t list = row_probes[p];
+        if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
+        if (first_list == nearest) visits.push_back({list, i, p});
+        first_list = false;
+      }
+    }
+    std::sort(visits.begin(), visits.end(), [](const ListVisit& a, const ListVisit& b) {
+      return a.list != b.list ? a.list < b.list : a.row < b.row;
+    });
+    for (size_t a = 0, b = 0; a < visits.size(); a = b) {
+      while (b < visits.size() && visits[b].list == visits[a].list) ++b;
+      ScanList(visits[a].list, visits.data() + a, static_cast<int>(b - a), k, scratch);
+    }
+  }
+  const size_t lut_bytes = static_cast<size_t>(codebook_.m) * kLutSize * sizeof(float);
+  for (int i = 0; i < num; ++i) {
+    Row& row = scratch.rows[i];
+    // The next row's table, out of the caches since its lists were scanned, is fetched while this
+    // row's survivors are costed.
+    if (i + 1 < num) {
+      const char* next = reinterpret_cast<const char*>(scratch.rows[i + 1].lut);
+      for (size_t b = 0; b < lut_bytes; b += 64) __builtin_prefetch(next + b, 0, 2);
+    }
+    RerankPending(k, row);
+    adc_internal::WriteNearestFirst(Metric::kL2, row.heap, first + i, k, out);
+  }
 }
 
 namespace {
-
-constexpr double kNoBound = std::numeric_limits<double>::infinity();
 
 // Widens a distance bound x_norm + cost for the float rounding of that sum (and of the bound's
 // own arithmetic) by a wide factor.
@@ -305,13 +405,13 @@ int64_t SumCap(double kth_bound, const LutQuantization& bounds, float x_norm) {
 
 // A max-heap of the k smallest upper bounds offered; its top is the bound. Replacing the top
 // sifts the new bound down in one pass (pop_heap + push_heap take two).
-void IvfAdc::OfferUpperBound(double upper, int k, Scratch& scratch) const {
-  if (upper >= scratch.kth_bound) return;
-  std::vector<double>& heap = scratch.upper_bounds;
+void IvfAdc::OfferUpperBound(double upper, int k, Row& row) const {
+  if (upper >= row.kth_bound) return;
+  std::vector<double>& heap = row.upper_bounds;
   if (static_cast<int>(heap.size()) < k) {
     heap.push_back(upper);
     std::push_heap(heap.begin(), heap.end());
-    if (static_cast<int>(heap.size()) == k) scratch.kth_bound = heap.front();
+    if (static_cast<int>(heap.size()) == k) row.kth_bound = heap.front();
     return;
   }
   size_t at = 0;
@@ -322,12 +422,12 @@ void IvfAdc::OfferUpperBound(double upper, int k, Scratch& scratch) const {
     at = child;
   }
   heap[at] = upper;
-  scratch.kth_bound = heap.front();
+  row.kth_bound = heap.front();
 }
 
-double IvfAdc::KthBound(int k, const Scratch& scratch) const {
-  if (static_cast<int>(scratch.heap.size()) < k) return scratch.kth_bound;
-  return std::min<double>(scratch.kth_bound, scratch.heap.front().first);
+double IvfAdc::KthBound(int k, const Row& row) const {
+  if (static_cast<int>(row.heap.size()) < k) return row.kth_bound;
+  return std::min<double>(row.kth_bound, row.heap.front().first);
 }
 
 // Survivors are kept with the bounds of their distances; the k smallest upper bounds so far (and
@@ -338,47 +438,64 @@ double IvfAdc::KthBound(int k, const Scratch& scratch) const {
 // it was scanned (the previous form) costed every vector that ranked among the first k of the
 // lists seen so far: about k (1 + ln nprobe) per row instead of k plus those whose bounds
 // straddle the k-th distance.
-void IvfAdc::SearchRow(const float* query, const float* lut, const int64_t* probes, int nprobe,
-                       int k, Scratch& scratch, int64_t row, Neighbors& out) const {
+void IvfAdc::ScanList(int64_t list, const ListVisit* visits, int count, int k,
+                      Scratch& scratch) const {
   const int m = codebook_.m;
-  const int d = dim();
-  const size_t table_size = static_cast<size_t>(m) * kLutSize;
-  scratch.heap.clear();
-  scratch.upper_bounds.clear();
-  scratch.kth_bound = kNoBound;
-  scratch.pending.clear();
-  scratch.x_norms.resize(nprobe);
-  scratch.query_lut = lut;
-  scratch.query_table.resize(table_size);
-  const LutQuantization query_bounds =
-      adc_internal::QuantizeLut(lut, m, Metric::kL2, scratch.query_table.data());
-  double query_norm = 0.0;
-  for (int j = 0; j < d; ++j) query_norm += static_cast<double>(query[j]) * query[j];
-  query_norm = std::sqrt(query_norm);
-  for (int p = 0; p < nprobe; ++p) {
-    const int64_t list = probes[p];
-    if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
-    const float x_norm = adc_internal::SquaredL2(query, coarse_centroids_.data() + list * d, d);
-    scratch.x_norms[p] = x_norm;
-    if (!query_bounds.keeps_all() &&
-        ScanWithQueryTable(p, list, x_norm, query_norm, query_bounds, k, scratch)) {
-      // Until k exact distances are known, a list's survivors are re-ranked at once: on
-      // clustered keys the nearest lists hold most of the k nearest, and their exact k-th
-      // distance caps the next lists far tighter than upper bounds do.
-      if (static_cast<int>(scratch.heap.size()) < k) RerankPending(probes, k, scratch);
+  const int64_t n = list_begin_[list + 1] - list_begin_[list];
+  struct Scanned {
+    Row* row;
+    int probe;
+    LutQuantization bounds;
+  };
+  Scanned pass[kPassRows];
+  int num = 0;
+  const auto scan_pass = [&] {
+    const uint8_t* tables[kPassRows];
+    const uint16_t* biases[kPassRows];
+    for (int i = 0; i < num; ++i) {
+      tables[i] = pass[i].row->table;
+      biases[i] = scratch.biases[i].data();
+    }
+    adc_internal::FilterPackedBlocks(kernels_, tables, num, lines_.data() + block_begin_[list] * m,
+                                     n, m, biases, scratch.filters);
+    for (int i = 0; i < num; ++i) {
+      Row& row = *pass[i].row;
+      DeferSurvivors(pass[i].probe, list, pass[i].bounds, k, scratch.filters[i], row);
+      // Until k exact distances are known, a list's survivors are re-ranked at once: their exact
+      // k-th distance caps the next lists far tighter than upper bounds do.
+      if (static_cast<int>(row.heap.size()) < k) RerankPending(k, row);
+    }
+    num = 0;
+  };
+  for (int v = 0; v < count; ++v) {
+    Row& row = scratch.rows[visits[v].row];
+    const int probe = visits[v].probe;
+    const float x_norm = row.x_norms[probe];
+    LutQuantization bounds;
+    if (row.query_bounds.keeps_all() ||
+        !ListBounds(list, x_norm, row.query_norm, row.query_bounds, &bounds)) {
+      CostWholeList(list, x_norm, k, row);
       continue;
     }
-    CostWholeList(list, x_norm, k, scratch);
+    const int64_t cap = SumCap(KthBound(k, row), bounds, x_norm);
+    if (cap < 0) continue;  // nothing in this list can rank before the k bounded
+    BiasSteps(list, bounds.step, scratch.biases[num]);
+    // Once k distances are bounded, the cap is rarely beaten by the list's own k-th sum (a list
+    // holds a fraction of the probed vectors), and keeping that sum costs a heap operation per
+    // vector under the cap; DeferSurvivors still drops those the bound, lowered by the list's
+    // own survivors, excludes.
+    const bool capped = cap < LutQuantization::kKeepAll;
+    scratch.filters[num].Reset(capped ? 0 : k, bounds.margin, static_cast<uint16_t>(cap));
+    pass[num++] = {&row, probe, bounds};
+    if (num == kPassRows) scan_pass();
   }
-  RerankPending(probes, k, scratch);
-  adc_internal::WriteNearestFirst(Metric::kL2, scratch.heap, row, k, out);
+  if (num > 0) scan_pass();
 }
 
-float IvfAdc::Distance(int64_t list, int64_t position, float x_norm, const float* lut) const {
-  const int m = codebook_.m;
-  const float cost =
-      adc_internal::PackedCost(lut, lines_.data() + block_begin_[list] * m, m, position);
-  return x_norm + (biases_[list_begin_[list] + position] + cost);
+float IvfAdc::Distance(float x_norm, float bias, const uint8_t* code, const float* lut) const {
+  float cost;
+  adc_internal::ScanScalar(&lut, 1, code, 1, codebook_.m, &cost);
+  return x_norm + (bias + cost);
 }
 
 // The pre-scan sum of a vector is Q = Q_T + B: Q_T its query-table sum, B = floor((b − min) /
@@ -390,9 +507,8 @@ float IvfAdc::Distance(int64_t list, int64_t position, float x_norm, const float
 // T's entries and sums, of the exact sum, of x and of base' (bounded from the magnitudes by
 // Cauchy-Schwarz, with a wide factor) plus the biases' flooring; the filter's margin is the
 // window's width, upper + slack'.
-bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double query_norm,
-                                const LutQuantization& query_bounds, int k,
-                                Scratch& scratch) const {
+bool IvfAdc::ListBounds(int64_t list, float x_norm, double query_norm,
+                        const LutQuantization& query_bounds, LutQuantization* bounds) const {
   const int m = codebook_.m;
   const double step = query_bounds.step;
   const float bias_min = bias_min_[list];
@@ -408,89 +524,93 @@ bool IvfAdc::ScanWithQueryTable(int probe, int64_t list, float x_norm, double qu
   if (255.0 * m + (bias_max - bias_min) / step + 2.0 + upper + slack >= LutQuantization::kKeepAll) {
     return false;
   }
-  LutQuantization bounds;
-  bounds.base = static_cast<float>(query_bounds.base + bias_min);
-  bounds.step = query_bounds.step;
-  bounds.slack = static_cast<int>(slack);
-  bounds.margin = static_cast<int>(upper + slack);
-  const int64_t cap = SumCap(KthBound(k, scratch), bounds, x_norm);
-  if (cap < 0) return true;  // nothing in this list can rank before the k bounded
-
-  const int64_t first = list_begin_[list];
-  const int64_t n = list_begin_[list + 1] - first;
-  // Every position is written once: the list's biases, then zeros up to a whole block.
-  const int64_t padded = (n + kAdcBlock - 1) / kAdcBlock * kAdcBlock;
-  if (static_cast<int64_t>(scratch.biases.size()) < padded) scratch.biases.resize(padded);
-  const float inverse_step = static_cast<float>(1.0 / step);
-  for (int64_t i = 0; i < n; ++i) {
-    scratch.biases[i] = static_cast<uint16_t>((biases_[first + i] - bias_min) * inverse_step);
-  }
-  std::fill(scratch.biases.begin() + n, scratch.biases.begin() + padded, uint16_t{0});
-  // Once k distances are bounded, the cap is rarely beaten by the list's own k-th sum (a list
-  // holds a fraction of the probed vectors), and keeping that sum costs a heap operation per
-  // vector under the cap; DeferSurvivors still drops those the bound, lowered by the list's
-  // own survivors, excludes.
-  const bool capped = cap < LutQuantization::kKeepAll;
-  scratch.filter.Reset(capped ? 0 : k, bounds.margin, static_cast<uint16_t>(cap));
-  const uint8_t* table = scratch.query_table.data();
-  const uint16_t* biases = scratch.biases.data();
-  adc_internal::FilterPackedBlocks(kernels_, &table, 1, lines_.data() + block_begin_[list] * m, n,
-                                   m, &biases, &scratch.filter);
-  DeferSurvivors(probe, list, x_norm, bounds, k, scratch);
+  bounds->base = static_cast<float>(query_bounds.base + bias_min);
+  bounds->step = query_bounds.step;
+  bounds->slack = static_cast<int>(slack);
+  bounds->margin = static_cast<int>(upper + slack);
   return true;
 }
 
+void IvfAdc::BiasSteps(int64_t list, double step,
+                       adc_internal::AlignedVector<uint16_t>& out) const {
+  const int64_t first = list_begin_[list];
+  const int64_t n = list_begin_[list + 1] - first;
+  const float bias_min = bias_min_[list];
+  // Every position is written once: the list's biases, then zeros up to a whole block.
+  const int64_t padded = (n + kAdcBlock - 1) / kAdcBlock * kAdcBlock;
+  if (static_cast<int64_t>(out.size()) < padded) out.resize(padded);
+  const float inverse_step = static_cast<float>(1.0 / step);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<uint16_t>((biases_[first + i] - bias_min) * inverse_step);
+  }
+  std::fill(out.begin() + n, out.begin() + padded, uint16_t{0});
+}
+
 // A survivor of sum Q costs within [base + step (Q − slack), base + step (Q − slack + margin)).
-void IvfAdc::DeferSurvivors(int probe, int64_t list, float x_norm, const LutQuantization& bounds,
-                            int k, Scratch& scratch) const {
+void IvfAdc::DeferSurvivors(int probe, int64_t list, const LutQuantization& bounds, int k,
+                            CandidateFilter& filter, Row& row) const {
+  const int m = codebook_.m;
+  const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
   const uint32_t* ids = ids_.data() + list_begin_[list];
-  for (const auto& [sum, position] : scratch.filter.Survivors()) {
+  const float* biases = biases_.data() + list_begin_[list];
+  const float x_norm = row.x_norms[probe];
+  for (const auto& [sum, position] : filter.Survivors()) {
     const double low_cost = bounds.base + static_cast<double>(bounds.step) * (sum - bounds.slack);
     const double lower = x_norm + low_cost - Rounding(low_cost, x_norm);
-    if (lower > KthBound(k, scratch)) continue;
+    if (lower > KthBound(k, row)) continue;
     const double high_cost = low_cost + static_cast<double>(bounds.step) * bounds.margin;
-    scratch.pending.push_back({lower, position, probe, ids[position]});
-    OfferUpperBound(x_norm + high_cost + Rounding(high_cost, x_norm), k, scratch);
+    const size_t code = row.codes.size();
+    row.codes.resize(code + m);
+    adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
+                               static_cast<int>(position % kAdcBlock), row.codes.data() + code);
+    row.pending.push_back(
+        {lower, biases[position], ids[position], static_cast<uint32_t>(code), probe});
+    OfferUpperBound(x_norm + high_cost + Rounding(high_cost, x_norm), k, row);
   }
 }
 
 // Rare: a list whose biases span more than 16-bit sums can hold next to the table's (or a
 // degenerate table). Every vector is costed: the same distances as any other list's.
-void IvfAdc::CostWholeList(int64_t list, float x_norm, int k, Scratch& scratch) const {
-  const float* lut = scratch.query_lut;
+void IvfAdc::CostWholeList(int64_t list, float x_norm, int k, Row& row) const {
+  const int m = codebook_.m;
+  const PackedLine* blocks = lines_.data() + block_begin_[list] * m;
   const uint32_t* ids = ids_.data() + list_begin_[list];
+  const float* biases = biases_.data() + list_begin_[list];
   const int64_t n = list_begin_[list + 1] - list_begin_[list];
+  uint8_t code[kMaxAdcM];
   for (int64_t i = 0; i < n; ++i) {
-    const float distance = Distance(list, i, x_norm, lut);
-    OfferExact(ids[i], distance, k, scratch);
-    OfferUpperBound(distance, k, scratch);
+    adc_internal::CopyLaneCode(blocks + i / kAdcBlock * m, m, static_cast<int>(i % kAdcBlock),
+                               code);
+    const float distance = Distance(x_norm, biases[i], code, row.lut);
+    OfferExact(ids[i], distance, k, row);
+    OfferUpperBound(distance, k, row);
   }
 }
 
-void IvfAdc::OfferExact(uint32_t id, float distance, int k, Scratch& scratch) const {
-  adc_internal::OfferBounded(Metric::kL2, k, {distance, id}, scratch.heap);
+void IvfAdc::OfferExact(uint32_t id, float distance, int k, Row& row) const {
+  adc_internal::OfferBounded(Metric::kL2, k, {distance, id}, row.heap);
 }
 
 // A survivor's exact distance is m look-ups in the query's float table T plus its list's ||x||²
 // and its own b. The residual form (m x dsub fused multiply-adds per survivor, or a residual
 // table per list with many survivors) took 16% of a shard's time in the demo's kNN-MT searches.
-void IvfAdc::RerankPending(const int64_t* probes, int k, Scratch& scratch) const {
-  std::vector<Pending>& pending = scratch.pending;
-  const double kth_bound = KthBound(k, scratch);
+void IvfAdc::RerankPending(int k, Row& row) const {
+  std::vector<Pending>& pending = row.pending;
+  const double kth_bound = KthBound(k, row);
   pending.erase(std::remove_if(pending.begin(), pending.end(),
                                [kth_bound](const Pending& c) { return c.lower > kth_bound; }),
                 pending.end());
   std::sort(pending.begin(), pending.end(),
             [](const Pending& a, const Pending& b) { return a.lower < b.lower; });
-  const float* lut = scratch.query_lut;
   for (const Pending& c : pending) {
-    if (static_cast<int>(scratch.heap.size()) >= k && c.lower > scratch.heap.front().first) {
+    if (static_cast<int>(row.heap.size()) >= k && c.lower > row.heap.front().first) {
       break;  // its distance and every later one exceed the k-th found
     }
-    OfferExact(c.id, Distance(probes[c.probe], c.position, scratch.x_norms[c.probe], lut), k,
-               scratch);
+    OfferExact(c.id, Distance(row.x_norms[c.probe], c.bias, row.codes.data() + c.code, row.lut), k,
+               row);
   }
   pending.clear();  // those left rank after the k found, which only get nearer
+  row.codes.clear();
 }
 
 }  // namespace knnserve

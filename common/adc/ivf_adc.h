@@ -38,6 +38,7 @@ namespace knnserve {
 
 namespace adc_internal {
 struct LutQuantization;
+class CandidateFilter;
 }  // namespace adc_internal
 
 // What IvfAdc needs of a trained, filled IVF-PQ index (copied out of faiss by the adapter).
@@ -86,43 +87,51 @@ class IvfAdc {
 
  private:
   struct Pending;
+  struct Row;
+  struct ListVisit;
   struct Scratch;
   IvfAdc(PqCodebook codebook, std::vector<float> coarse_centroids, Options options);
 
   // Fills biases_ (each vector's b) and each list's smallest and largest b.
   void ComputeBiases(const std::vector<std::vector<uint8_t>>& codes);
-  // The query tables T (m x 256 floats each, into scratch.query_luts) of queries [first,
-  // first + num).
-  void BuildQueryTables(MatrixView<const float> queries, int64_t first, int num,
-                        Scratch& scratch) const;
-  // Row `row` of out: the k nearest of `query` (T: `lut`) over its probed lists.
-  void SearchRow(const float* query, const float* lut, const int64_t* probes, int nprobe, int k,
-                 Scratch& scratch, int64_t row, Neighbors& out) const;
-  // Pre-scans `list` (probe `probe` of the row) with the row's query table (float
-  // scratch.query_lut, quantized to scratch.query_table as `query_bounds`); x_norm = ||q − c||².
-  // Its survivors join scratch.pending. Returns false, having done nothing, when the list's
-  // sums could overflow 16 bits.
-  bool ScanWithQueryTable(int probe, int64_t list, float x_norm, double query_norm,
-                          const adc_internal::LutQuantization& query_bounds, int k,
-                          Scratch& scratch) const;
-  // Adds the filter's survivors of `list`, scanned with `bounds`, to scratch.pending.
-  void DeferSurvivors(int probe, int64_t list, float x_norm,
-                      const adc_internal::LutQuantization& bounds, int k, Scratch& scratch) const;
+  // Rows [first, first + num) of out: the k nearest of those queries over their probed lists.
+  // The rows are searched together: each of their probed lists is scanned once for all the rows
+  // that probe it.
+  void SearchRows(MatrixView<const float> queries, MatrixView<const int64_t> probes, int64_t first,
+                  int num, int k, Scratch& scratch, Neighbors& out) const;
+  // scratch.rows[0, num): the tables (T in float and quantized) and an empty search state of
+  // rows [first, first + num).
+  void SetUpRows(MatrixView<const float> queries, MatrixView<const int64_t> probes, int64_t first,
+                 int num, Scratch& scratch) const;
+  // Pre-scans `list` for the rows of visits[0, count) (all probing it), up to kPassRows rows per
+  // pass over its codes. Survivors join each row's pending.
+  void ScanList(int64_t list, const ListVisit* visits, int count, int k, Scratch& scratch) const;
+  // The bounds of a row's pre-scan sums over `list` (query table quantized as `query_bounds`;
+  // x_norm = ||q − c||²): false when the sums could overflow 16 bits.
+  bool ListBounds(int64_t list, float x_norm, double query_norm,
+                  const adc_internal::LutQuantization& query_bounds,
+                  adc_internal::LutQuantization* bounds) const;
+  // Each vector's b of `list` in table steps of `step` above the list's smallest b, then zeros
+  // up to a whole block.
+  void BiasSteps(int64_t list, double step, adc_internal::AlignedVector<uint16_t>& out) const;
+  // Adds the survivors of `filter` (its scan of `list` with `bounds`) to row.pending.
+  void DeferSurvivors(int probe, int64_t list, const adc_internal::LutQuantization& bounds, int k,
+                      adc_internal::CandidateFilter& filter, Row& row) const;
   // Offers every vector of `list` at its exact distance (x_norm = ||q − c_list||²).
-  void CostWholeList(int64_t list, float x_norm, int k, Scratch& scratch) const;
-  // The exact distance of the vector at `position` of `list`: x_norm + (b + its sum through the
+  void CostWholeList(int64_t list, float x_norm, int k, Row& row) const;
+  // The exact distance of a vector of a list: x_norm + (b + the sum of its code's entries of the
   // query's float table lut).
-  float Distance(int64_t list, int64_t position, float x_norm, const float* lut) const;
-  // Exact distances of scratch.pending, nearest lower bound first, while they can still rank.
-  void RerankPending(const int64_t* probes, int k, Scratch& scratch) const;
-  // Offers local id `id` at its exact distance to scratch.heap.
-  void OfferExact(uint32_t id, float distance, int k, Scratch& scratch) const;
+  float Distance(float x_norm, float bias, const uint8_t* code, const float* lut) const;
+  // Exact distances of row.pending, nearest lower bound first, while they can still rank.
+  void RerankPending(int k, Row& row) const;
+  // Offers local id `id` at its exact distance to row.heap.
+  void OfferExact(uint32_t id, float distance, int k, Row& row) const;
   // Records an upper bound of a vector's distance (each vector at most once per row) and
-  // lowers scratch.kth_bound to the k-th smallest recorded.
-  void OfferUpperBound(double upper, int k, Scratch& scratch) const;
-  // An upper bound of the row's k-th distance: the smaller of scratch.kth_bound and the k-th
-  // exact distance found (infinite while neither is known).
-  double KthBound(int k, const Scratch& scratch) const;
+  // lowers row.kth_bound to the k-th smallest recorded.
+  void OfferUpperBound(double upper, int k, Row& row) const;
+  // An upper bound of the row's k-th distance: the smaller of row.kth_bound and the k-th exact
+  // distance found (infinite while neither is known).
+  double KthBound(int k, const Row& row) const;
 
   const PqCodebook codebook_;
   const std::vector<float> coarse_centroids_;

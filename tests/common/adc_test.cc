@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -831,6 +832,45 @@ Neighbors BruteForceIvf(const IvfPqLists& lists, MatrixView<const float> queries
     }
   }
   return out;
+}
+
+// Rows searched together (each list scanned once for all rows that probe it, in passes of up to
+// 8 rows, in chunks of rows) answer as each row searched alone: more rows than one chunk holds,
+// lists probed by dozens of rows, repeated rows, rows that probe one list, 1 and 2 threads.
+TEST(IvfAdc, RowsSearchedTogetherAnswerAsEachRowAlone) {
+  std::mt19937_64 rng(73);
+  std::normal_distribution<float> normal;
+  constexpr int kM = 16, kDsub = 4, kNlist = 12, kRows = 700, kNprobe = 5, kK = 12;
+  const IvfPqLists lists = RandomLists(kM, kDsub, kNlist, 5000, rng);
+  Matrix<float> queries(kRows, kM * kDsub);
+  for (int64_t i = 0; i < queries.size(); ++i) queries.data()[i] = normal(rng);
+  for (int r = 100; r < 110; ++r) {  // repeated rows
+    std::copy(queries.row(7), queries.row(8), queries.row(r));
+  }
+  Matrix<int64_t> probes(kRows, kNprobe);
+  for (int r = 0; r < kRows; ++r) {
+    std::vector<int64_t> order(kNlist);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int p = 0; p < kNprobe; ++p) probes.at(r, p) = r % 50 == 0 && p > 0 ? -1 : order[p];
+  }
+  for (AdcKernel kernel : kQuantizedKernels) {
+    if (!CpuSupports(kernel)) continue;
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat(AdcKernelName(kernel), " threads=", threads));
+      ASSERT_OK_AND_ASSIGN(auto adc, IvfAdc::Create(lists, {threads, kernel}));
+      ASSERT_OK_AND_ASSIGN(Neighbors together, adc->Search(queries.view(), probes.view(), kK));
+      for (int r = 0; r < kRows; ++r) {
+        const MatrixView<const float> query{queries.row(r), 1, queries.cols()};
+        const MatrixView<const int64_t> row_probes{probes.row(r), 1, kNprobe};
+        ASSERT_OK_AND_ASSIGN(Neighbors alone, adc->Search(query, row_probes, kK));
+        ASSERT_TRUE(std::equal(alone.ids.begin(), alone.ids.end(), together.id_row(r))) << r;
+        ASSERT_EQ(std::memcmp(alone.distances.data(), together.distance_row(r), kK * sizeof(float)),
+                  0)
+            << r;
+      }
+    }
+  }
 }
 
 // The pre-scan and the re-ranking change no answer: ids and distance bits equal the brute-force
