@@ -184,6 +184,76 @@ class FanOut {
   const SearchDone done_;
 };
 
+// Why `info` (a replica's answer) does not serve shard `shard_id` as `agreed` (the Info of the
+// shard's first matching replica, if any) does; empty when it does.
+std::string ReplicaMismatch(int32_t shard_id, const v1::InfoResponse& info,
+                            const v1::InfoResponse* agreed) {
+  if (info.shards_size() != 1) {
+    return absl::StrCat("it answers for ", info.shards_size(),
+                        " shards (a router?); the shard map lists shard servers");
+  }
+  const v1::ShardInfo& slice = info.shards(0);
+  if (slice.shard_id() != shard_id) {
+    return absl::StrCat("it serves shard ", slice.shard_id(), ", the shard map lists it as shard ",
+                        shard_id);
+  }
+  if (agreed == nullptr) return "";
+  const v1::ShardInfo& other = agreed->shards(0);
+  if (info.dim() != agreed->dim() || info.metric() != agreed->metric() ||
+      info.factory() != agreed->factory() || info.total_vectors() != agreed->total_vectors() ||
+      info.num_sentences() != agreed->num_sentences() ||
+      info.subset_only() != agreed->subset_only() || slice.id_begin() != other.id_begin() ||
+      slice.id_end() != other.id_end() || slice.sentence_begin() != other.sentence_begin() ||
+      slice.sentence_end() != other.sentence_end()) {
+    return absl::StrCat("it serves ids [", slice.id_begin(), ", ", slice.id_end(), ") of ",
+                        info.total_vectors(), " (", info.factory(), ", dimension ", info.dim(),
+                        "), another replica of the shard ids [", other.id_begin(), ", ",
+                        other.id_end(), ") of ", agreed->total_vectors(), " (", agreed->factory(),
+                        ", dimension ", agreed->dim(), ")");
+  }
+  return "";
+}
+
+// Why the shards' slices (id ranges, and sentence ranges when the index has sentences) do not
+// cover the index exactly once; empty when they do.
+std::string CoverageGap(const std::vector<v1::ShardInfo>& ranges, const v1::InfoResponse& info) {
+  struct Range {
+    int64_t begin, end;
+    int32_t shard;
+  };
+  const auto check = [&](const char* what, int64_t total, auto range_of) -> std::string {
+    std::vector<Range> sorted;
+    for (const v1::ShardInfo& r : ranges) sorted.push_back(range_of(r));
+    std::sort(sorted.begin(), sorted.end(),
+              [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    int64_t covered = 0;
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      const Range& r = sorted[i];
+      if (r.begin > covered) {
+        return absl::StrCat(what, " [", covered, ", ", r.begin, ") are in no shard of the map");
+      }
+      if (r.begin < covered) {
+        return absl::StrCat("shards ", sorted[i - 1].shard, " and ", r.shard, " both hold ", what,
+                            " from ", r.begin, " on");
+      }
+      covered = r.end;
+    }
+    if (covered != total) {
+      return absl::StrCat(what, " [", covered, ", ", total, ") are in no shard of the map");
+    }
+    return "";
+  };
+  std::string gap = check("ids", info.total_vectors(), [](const v1::ShardInfo& r) {
+    return Range{r.id_begin(), r.id_end(), r.shard_id()};
+  });
+  if (gap.empty() && info.num_sentences() > 0) {
+    gap = check("sentences", info.num_sentences(), [](const v1::ShardInfo& r) {
+      return Range{r.sentence_begin(), r.sentence_end(), r.shard_id()};
+    });
+  }
+  return gap;
+}
+
 // A full search needs every shard's faiss index; subset-only shards were started without it.
 absl::Status SubsetOnlyError(const std::vector<v1::ShardInfo>& ranges) {
   std::vector<int> shards;
@@ -242,22 +312,37 @@ void Router::ProbeLoop() {
   }
 }
 
+// A replica must serve what the shard map lists it for: one shard, of that id, and the same
+// slice of the same index as the shard's first replica (in map order) that does. One that does
+// not gets no calls (a wrong map entry would otherwise answer with another shard's vectors, or
+// twice with the same ones), and its reason is logged as an error.
 void Router::ProbeShard(ShardGroup* shard) {
+  std::optional<v1::InfoResponse> agreed;
   for (const auto& replica : shard->replicas()) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
     v1::InfoResponse info;
     const grpc::Status status = replica->stub()->Info(&context, v1::InfoRequest(), &info);
-    if (status.ok() != replica->healthy()) {
-      Log(status.ok() ? LogLevel::kInfo : LogLevel::kWarning,
-          status.ok() ? "replica up" : "replica down",
+    std::string mismatch;
+    if (status.ok()) {
+      mismatch = ReplicaMismatch(shard->shard_id(), info, agreed ? &*agreed : nullptr);
+      if (mismatch.empty() && !agreed.has_value()) agreed = info;
+    }
+    if (!mismatch.empty() && !replica->mismatched()) {
+      Log(LogLevel::kError, "replica serves something else than the shard map says",
+          {{"shard", shard->shard_id()}, {"replica", replica->address()}, {"error", mismatch}});
+    }
+    const bool healthy = status.ok() && mismatch.empty();
+    if (healthy != replica->healthy() && mismatch.empty()) {
+      Log(healthy ? LogLevel::kInfo : LogLevel::kWarning, healthy ? "replica up" : "replica down",
           {{"shard", shard->shard_id()},
            {"replica", replica->address()},
            {"error", status.error_message()}});
     }
-    replica->set_healthy(status.ok());
-    if (status.ok() && info.shards_size() == 1) shard->set_info(std::move(info));
+    replica->set_mismatched(!mismatch.empty());
+    replica->set_healthy(healthy);
   }
+  if (agreed.has_value()) shard->set_info(*std::move(agreed));
 }
 
 void Router::ProbeOnce() {
@@ -267,7 +352,8 @@ void Router::ProbeOnce() {
 
 void Router::Update() {
   auto topology = std::make_shared<Topology>();
-  std::string reason;
+  std::string reason;   // the shards cannot serve together as they are
+  std::string waiting;  // a shard has not answered yet
   bool all_replicated = true;
   for (const auto& shard : shards_) {
     all_replicated =
@@ -275,7 +361,13 @@ void Router::Update() {
                                       [](const auto& r) { return r->healthy(); });
     std::optional<v1::InfoResponse> info = shard->info();
     if (!info.has_value()) {
-      reason = absl::StrCat("shard ", shard->shard_id(), " has not answered Info yet");
+      if (std::all_of(shard->replicas().begin(), shard->replicas().end(),
+                      [](const auto& r) { return r->mismatched(); })) {
+        reason = absl::StrCat("no replica of shard ", shard->shard_id(),
+                              " serves it as the shard map lists it");
+      } else {
+        waiting = absl::StrCat("shard ", shard->shard_id(), " has not answered Info yet");
+      }
       break;
     }
     v1::InfoResponse& all = topology->info;
@@ -300,6 +392,15 @@ void Router::Update() {
     *all.add_shards() = range;
     topology->ranges.push_back(std::move(range));
   }
+  // A reason other than a shard that has not answered yet is the shard map's (or the shards')
+  // configuration: logged as an error once, as it will not go away by waiting.
+  if (reason.empty() && waiting.empty()) reason = CoverageGap(topology->ranges, topology->info);
+  const bool misconfigured = !reason.empty();
+  if (misconfigured) {
+    reason = absl::StrCat(reason, " (check the shard map and the shards' --index and --shard)");
+  } else {
+    reason = waiting;
+  }
   if (reason.empty()) {
     topology->shape = {topology->info.dim(), topology->info.num_sentences()};
     absl::StatusOr<Metric> metric = MetricFromProto(topology->info.metric());
@@ -310,12 +411,17 @@ void Router::Update() {
   }
   const bool healthy = reason.empty() && all_replicated;
   bool changed = false;
+  bool new_reason = false;
   {
     absl::MutexLock lock(&mu_);
     topology_ = reason.empty() ? std::move(topology) : nullptr;
+    new_reason = reason != not_ready_reason_;
     not_ready_reason_ = reason;
     changed = healthy != healthy_;
     healthy_ = healthy;
+  }
+  if (misconfigured && new_reason) {
+    Log(LogLevel::kError, "the shards cannot serve together", {{"reason", reason}});
   }
   if (changed) {
     Log(LogLevel::kInfo, healthy ? "serving" : "not serving", {{"reason", reason}});

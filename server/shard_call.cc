@@ -41,7 +41,17 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       return;
     }
     shard_->CountRequest();
-    Launch(shard_->Pick({}), /*hedge=*/false, request_.request);
+    Replica* first = shard_->Pick({});
+    if (first == nullptr) {  // every replica serves something else than the map says
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      Finish(absl::UnavailableError(absl::StrCat("no replica serves shard ", shard_->shard_id(),
+                                                 " as the shard map lists it")));
+      return;
+    }
+    Launch(first, /*hedge=*/false, request_.request);
     if (hedge_->enabled && shard_->replicas().size() > 1) {
       scheduler_->Schedule(absl::Now() + hedge_->DelayFor(shard_->latency()), [weak] {
         if (auto self = weak.lock()) self->Hedge();

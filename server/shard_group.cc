@@ -81,7 +81,10 @@ Replica* ShardGroup::Pick(const std::vector<Replica*>& exclude) {
   };
   for (size_t i = 0; i < n; ++i) {
     Replica* candidate = replicas_[(start + i) % n].get();
-    if (std::find(exclude.begin(), exclude.end(), candidate) != exclude.end()) continue;
+    if (candidate->mismatched() ||
+        std::find(exclude.begin(), exclude.end(), candidate) != exclude.end()) {
+      continue;
+    }
     if (best == nullptr || key(candidate) < key(best)) best = candidate;
   }
   return best;

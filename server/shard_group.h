@@ -34,6 +34,10 @@ class Replica {
   absl::Duration ewma_latency() const;
   bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
   void set_healthy(bool healthy) { healthy_.store(healthy, std::memory_order_relaxed); }
+  // Whether its last Info showed another shard or index than the shard map lists it for: then
+  // no call goes to it.
+  bool mismatched() const { return mismatched_.load(std::memory_order_relaxed); }
+  void set_mismatched(bool mismatched) { mismatched_.store(mismatched, std::memory_order_relaxed); }
 
   void CallStarted();
   // `record_latency`: fold `latency` into the average (answers, and losers cancelled late).
@@ -47,6 +51,7 @@ class Replica {
   std::atomic<int> outstanding_{0};
   std::atomic<int64_t> ewma_nanos_{0};
   std::atomic<bool> healthy_{true};  // optimistic until the first probe says otherwise
+  std::atomic<bool> mismatched_{false};
 };
 
 struct ShardMetrics {
@@ -70,8 +75,9 @@ class ShardGroup {
   const ShardMetrics& metrics() const { return metrics_; }
   LatencyWindow& latency() { return latency_; }
 
-  // The replica to call next, skipping `exclude`: healthy before unhealthy, then fewest calls in
-  // flight, then lowest latency average, then round robin. nullptr when all are excluded.
+  // The replica to call next, skipping `exclude` and mismatched replicas: healthy before
+  // unhealthy, then fewest calls in flight, then lowest latency average, then round robin.
+  // nullptr when none is left.
   Replica* Pick(const std::vector<Replica*>& exclude);
 
   // Counts a request to this shard (for the hedge budget).
@@ -79,7 +85,7 @@ class ShardGroup {
   // Takes one hedge from the budget (hedges <= max(1, max_ratio * requests)); false when spent.
   bool TakeHedge(double max_ratio);
 
-  // The Info a replica answered, once one has.
+  // The Info its replicas agree on, once one has answered (Router::ProbeShard).
   std::optional<v1::InfoResponse> info() const;
   void set_info(v1::InfoResponse info);
 

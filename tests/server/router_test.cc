@@ -261,6 +261,74 @@ TEST(RouterTest, RejectsMalformedRequestsAndKeepsServing) {
   ExpectMalformedRequestsRejected(stub.get(), kDim);
 }
 
+v1::InfoResponse RouterInfo(const std::string& address, grpc::Status* status) {
+  auto stub = Connect(address);
+  grpc::ClientContext context;
+  v1::InfoResponse info;
+  *status = stub->Info(&context, v1::InfoRequest(), &info);
+  return info;
+}
+
+// A shard map that does not list every shard once, by its own id, is refused with the reason,
+// instead of answering from the wrong vectors (or from the same ones twice).
+TEST(RouterTest, RefusesAShardMapThatDoesNotCoverTheIndexOnce) {
+  Cluster cluster(3, 1);
+  const std::string a = cluster.shard(0).address();
+  const std::string b = cluster.shard(1).address();
+  const std::string c = cluster.shard(2).address();
+  const struct {
+    ShardMap map;
+    std::string reason;
+  } cases[] = {
+      {{{1, {b}}, {2, {c}}}, "ids [0, "},                                   // shard 0 left out
+      {{{0, {a}}, {1, {b}}, {2, {c}}, {3, {a}}}, "no replica of shard 3"},  // a server twice
+      {{{0, {a, b}}, {2, {c}}}, "are in no shard of the map"},  // shard 1 as a replica of 0
+  };
+  for (const auto& [map, reason] : cases) {
+    SCOPED_TRACE(reason);
+    TestRouter router(map, FastRouterOptions(), {}, /*wait=*/false);
+    router.router().ProbeOnce();
+    EXPECT_FALSE(router.router().healthy());
+    grpc::Status status;
+    RouterInfo(router.address(), &status);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(status.error_message(), HasSubstr(reason));
+    EXPECT_THAT(status.error_message(), HasSubstr("check the shard map"));
+  }
+}
+
+// A replica whose Info shows another index than its shard's first replica gets no calls; listed
+// first, it makes the router refuse to serve rather than mix two indexes.
+TEST(RouterTest, AReplicaOfAnotherIndexGetsNoCalls) {
+  Cluster cluster(3, 1);
+  std::vector<std::unique_ptr<SearchEngine>> others =
+      MakeShardEngines(MakeDatastore(90, kDim, 5, 33), 3);
+  TestShard other(0, std::move(others[0]));
+  ShardMap map = cluster.map();
+  map[0].push_back(other.address());
+  {
+    TestRouter router(map, FastRouterOptions());
+    router.router().ProbeOnce();
+    EXPECT_TRUE(router.router().healthy());
+    auto stub = Connect(router.address());
+    const Matrix<float> queries = RandomQueries(2, kDim, 5);
+    const EngineResult expected = cluster.Expected(FullQuery(queries, 4));
+    for (int i = 0; i < 20; ++i) {
+      v1::SearchResponse response;
+      ASSERT_TRUE(CallSearch(stub.get(), MakeRequest(queries, 4), &response).ok());
+      ExpectSameNeighbors(response, expected.neighbors);
+    }
+  }
+  std::reverse(map[0].begin(), map[0].end());
+  TestRouter router(map, FastRouterOptions(), {}, /*wait=*/false);
+  router.router().ProbeOnce();
+  EXPECT_FALSE(router.router().healthy());
+  grpc::Status status;
+  RouterInfo(router.address(), &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("serves a different index"));
+}
+
 TEST(RouterTest, InfoAggregatesTheShards) {
   Cluster cluster(2, 2);
   TestRouter router(cluster.map(), FastRouterOptions());

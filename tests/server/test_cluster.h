@@ -82,7 +82,8 @@ class TestShard {
 // answered Info), or fails the test after 10 s.
 class TestRouter {
  public:
-  TestRouter(const ShardMap& map, RouterOptions options = {}, TlsFiles tls = {});
+  // Waits (up to 10 s) until the router knows what its shards serve, unless `wait` is false.
+  TestRouter(const ShardMap& map, RouterOptions options = {}, TlsFiles tls = {}, bool wait = true);
   ~TestRouter();
 
   std::string address() const { return server_->address(); }
