@@ -261,12 +261,19 @@ TEST(RouterTest, RejectsMalformedRequestsAndKeepsServing) {
   ExpectMalformedRequestsRejected(stub.get(), kDim);
 }
 
-v1::InfoResponse RouterInfo(const std::string& address, grpc::Status* status) {
-  auto stub = Connect(address);
+// A router over `map` does not serve, and its Info fails with UNAVAILABLE naming `reason` and
+// the shard map.
+void ExpectRefused(const ShardMap& map, const std::string& reason) {
+  TestRouter router(map, FastRouterOptions(), {}, /*wait=*/false);
+  router.router().ProbeOnce();
+  EXPECT_FALSE(router.router().healthy());
+  auto stub = Connect(router.address());
   grpc::ClientContext context;
   v1::InfoResponse info;
-  *status = stub->Info(&context, v1::InfoRequest(), &info);
-  return info;
+  const grpc::Status status = stub->Info(&context, v1::InfoRequest(), &info);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr(reason));
+  EXPECT_THAT(status.error_message(), HasSubstr("check the shard map"));
 }
 
 // A shard map that does not list every shard once, by its own id, is refused with the reason,
@@ -286,14 +293,7 @@ TEST(RouterTest, RefusesAShardMapThatDoesNotCoverTheIndexOnce) {
   };
   for (const auto& [map, reason] : cases) {
     SCOPED_TRACE(reason);
-    TestRouter router(map, FastRouterOptions(), {}, /*wait=*/false);
-    router.router().ProbeOnce();
-    EXPECT_FALSE(router.router().healthy());
-    grpc::Status status;
-    RouterInfo(router.address(), &status);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
-    EXPECT_THAT(status.error_message(), HasSubstr(reason));
-    EXPECT_THAT(status.error_message(), HasSubstr("check the shard map"));
+    ExpectRefused(map, reason);
   }
 }
 
@@ -320,13 +320,7 @@ TEST(RouterTest, AReplicaOfAnotherIndexGetsNoCalls) {
     }
   }
   std::reverse(map[0].begin(), map[0].end());
-  TestRouter router(map, FastRouterOptions(), {}, /*wait=*/false);
-  router.router().ProbeOnce();
-  EXPECT_FALSE(router.router().healthy());
-  grpc::Status status;
-  RouterInfo(router.address(), &status);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(status.error_message(), HasSubstr("serves a different index"));
+  ExpectRefused(map, "serves a different index");
 }
 
 TEST(RouterTest, InfoAggregatesTheShards) {
