@@ -108,6 +108,7 @@ void RegisterValues(CLI::App& parent) {
     if (f->tokenizer.empty() == f->model.empty()) {
       ExitOnError(absl::InvalidArgumentError("give exactly one of --tokenizer and --model"));
     }
+    ExitOnError(ds::CheckValuesMayBeWritten(f->dir));
     std::filesystem::create_directories(f->dir);
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
         ds::LoadTokenizer(f->tokenizer, f->model);

@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -46,26 +47,45 @@ absl::StatusOr<int64_t> VerifyIndexDirectory(const std::string& dir) {
   return bytes;
 }
 
+// One step of the pipeline: it produces the file `output` (relative to the directory).
+struct StepSpec {
+  std::string name;
+  std::string output;
+  // The options that shape the output (recorded; a recorded output made with others is rebuilt).
+  std::string options;
+  // Computes the output and returns a detail line.
+  std::function<absl::StatusOr<std::string>()> run;
+  // Checks an existing output beyond its digest and returns its size (null: the digest's).
+  std::function<absl::StatusOr<int64_t>()> verify;
+  // The step replaces its output as a whole only once it succeeded (an index directory, whose
+  // manifest is written last): the old one is not removed before, so a failed rebuild keeps it.
+  bool replaced_when_done = false;
+};
+
 // Runs the steps in order, recording each in datastore.json.
 class Pipeline {
  public:
   Pipeline(const BuildOptions& options, DatastoreManifest manifest)
       : options_(options), manifest_(std::move(manifest)) {}
 
-  // A step producing the file `output` (relative to the directory). `verify` checks an existing
-  // output beyond its digest and returns its size; `run` computes it and returns a detail line.
-  absl::Status Step(const std::string& name, const std::string& output,
-                    const std::function<absl::StatusOr<std::string>()>& run,
-                    const std::function<absl::StatusOr<int64_t>()>& verify = nullptr) {
+  absl::Status Step(const StepSpec& step) {
     StepResult result;
-    result.step = name;
-    const std::string path = Join(options_.out_dir, output);
+    result.step = step.name;
+    const std::string& name = step.name;
+    const std::string path = Join(options_.out_dir, step.output);
     const bool recorded = manifest_.steps.count(name) > 0;
     const bool stale_inputs = upstream_changed_;
-    if (!stale_inputs && recorded && manifest_.steps[name].file == output &&
+    const auto options = manifest_.step_options.find(name);
+    const bool other_options =
+        recorded && options != manifest_.step_options.end() && options->second != step.options;
+    if (other_options) {
+      std::fprintf(stderr, "datastore build: %s: made with %s, this run asks for %s: rebuilding\n",
+                   name.c_str(), options->second.c_str(), step.options.c_str());
+    }
+    if (!stale_inputs && recorded && !other_options && manifest_.steps[name].file == step.output &&
         VerifyFile(path, manifest_.steps[name].digest).ok()) {
       absl::StatusOr<int64_t> bytes =
-          verify ? verify() : absl::StatusOr<int64_t>(manifest_.steps[name].digest.bytes);
+          step.verify ? step.verify() : absl::StatusOr<int64_t>(manifest_.steps[name].digest.bytes);
       if (bytes.ok()) {
         result.skipped = true;
         result.bytes = *bytes;
@@ -75,24 +95,27 @@ class Pipeline {
         return absl::OkStatus();
       }
     }
-    // Recomputing: this step's and every later step's recorded outputs are stale. An output we
-    // recorded that no longer verifies, or one made from stale inputs, is removed first so the
-    // step cannot adopt it; a partial output is kept (resumed) unless its inputs changed.
+    // Recomputing: this step's and every later step's recorded outputs are stale, and their
+    // records go (on disk with this step's record: a run stopped before the later steps cannot
+    // leave them recorded as made from the old output). An output we recorded that no longer
+    // verifies, or one made from stale inputs or other options, is removed first so the step
+    // cannot adopt it; a partial output is kept (resumed) unless its inputs or options changed.
     upstream_changed_ = true;
-    manifest_.steps.erase(name);
+    ForgetStepsFrom(name);
     std::error_code ignored;
-    if (recorded || stale_inputs) fs::remove(path, ignored);
-    if (stale_inputs) fs::remove(PartialPath(path), ignored);
+    if ((recorded || stale_inputs) && !step.replaced_when_done) fs::remove(path, ignored);
+    if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
     const absl::Time begin = absl::Now();
-    ASSIGN_OR_RETURN(result.detail, run());
+    ASSIGN_OR_RETURN(result.detail, step.run());
     result.seconds = absl::ToDoubleSeconds(absl::Now() - begin);
     ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(path));
-    if (verify) {
-      ASSIGN_OR_RETURN(result.bytes, verify());
+    if (step.verify) {
+      ASSIGN_OR_RETURN(result.bytes, step.verify());
     } else {
       result.bytes = digest.bytes;
     }
-    manifest_.steps[name] = ManifestFile{output, digest};
+    manifest_.steps[name] = ManifestFile{step.output, digest};
+    manifest_.step_options[name] = step.options;
     RETURN_IF_ERROR(WriteDatastoreManifest(options_.out_dir, manifest_));
     std::fprintf(stderr, "datastore build: %s: %.1f s, %s\n", name.c_str(), result.seconds,
                  result.detail.c_str());
@@ -103,11 +126,32 @@ class Pipeline {
   std::vector<StepResult> results() const { return results_; }
 
  private:
+  // Drops the records of `name` and of every step not run yet in this build (the later ones).
+  void ForgetStepsFrom(const std::string& name) {
+    std::set<std::string> earlier;
+    for (const StepResult& r : results_) earlier.insert(r.step);
+    for (auto it = manifest_.steps.begin(); it != manifest_.steps.end();) {
+      if (it->first == name || earlier.count(it->first) == 0) {
+        manifest_.step_options.erase(it->first);
+        it = manifest_.steps.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   const BuildOptions& options_;
   DatastoreManifest manifest_;
   bool upstream_changed_ = false;
   std::vector<StepResult> results_;
 };
+
+// The options of an index step that shape the index (threads and chunking do not).
+std::string IndexOptions(const IndexBuildOptions& o) {
+  return absl::StrCat("factory=", o.factory, " metric=", MetricName(o.metric), " shards=", o.shards,
+                      " train_size=", o.train_size, " opq_iterations=", o.opq_iterations,
+                      " seed=", o.seed, " subset_m=", o.subset_m);
+}
 
 std::string KeysDetail(const KeysReport& r) {
   return absl::StrFormat("%d x %d keys, %.0f rows/s, padding %.1f%%, resumed from row %d", r.rows,
@@ -182,7 +226,12 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
   Pipeline pipeline(options, std::move(manifest));
 
   const std::string values_path = Join(options.out_dir, kValuesFileName);
-  RETURN_IF_ERROR(pipeline.Step("values", kValuesFileName, [&]() -> absl::StatusOr<std::string> {
+  StepSpec values_step;
+  values_step.name = "values";
+  values_step.output = kValuesFileName;
+  values_step.options = absl::StrCat("max_tokens=", options.max_sentence_tokens,
+                                     " strict=", options.strict ? "true" : "false");
+  values_step.run = [&]() -> absl::StatusOr<std::string> {
     ValuesBuildOptions values;
     values.corpus_path = options.corpus_path;
     values.out_path = values_path;
@@ -192,25 +241,30 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
     ASSIGN_OR_RETURN(const ValuesReport r, RunValuesStep(*tokenizer, values));
     return absl::StrCat(r.sentences, " sentences, ", r.target_tokens, " target tokens, ",
                         r.bad.Summary());
-  }));
+  };
+  RETURN_IF_ERROR(pipeline.Step(values_step));
 
   for (const KeyKind kind : {KeyKind::kTokens, KeyKind::kSentences}) {
     const bool tokens = kind == KeyKind::kTokens;
     const std::string file = tokens ? kKeysFileName : kSentenceKeysFileName;
-    RETURN_IF_ERROR(pipeline.Step(tokens ? "keys" : "sentence_keys", file,
-                                  [&]() -> absl::StatusOr<std::string> {
-                                    KeysStepOptions step;
-                                    step.values_path = values_path;
-                                    step.model_path = options.model_path;
-                                    step.out_path = Join(options.out_dir, file);
-                                    step.feature = options.feature;
-                                    step.device = options.device;
-                                    step.threads = options.threads;
-                                    step.keys = options.keys;
-                                    step.keys.kind = kind;
-                                    ASSIGN_OR_RETURN(const KeysReport r, RunKeysStep(step));
-                                    return KeysDetail(r);
-                                  }));
+    StepSpec step;
+    step.name = tokens ? "keys" : "sentence_keys";
+    step.output = file;
+    step.options = absl::StrCat("fp16=", options.keys.fp16 ? "true" : "false");
+    step.run = [&]() -> absl::StatusOr<std::string> {
+      KeysStepOptions keys;
+      keys.values_path = values_path;
+      keys.model_path = options.model_path;
+      keys.out_path = Join(options.out_dir, file);
+      keys.feature = options.feature;
+      keys.device = options.device;
+      keys.threads = options.threads;
+      keys.keys = options.keys;
+      keys.keys.kind = kind;
+      ASSIGN_OR_RETURN(const KeysReport r, RunKeysStep(keys));
+      return KeysDetail(r);
+    };
+    RETURN_IF_ERROR(pipeline.Step(step));
   }
 
   for (const bool sentences : {false, true}) {
@@ -222,15 +276,34 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
       index.factory = options.sentence_factory;
       index.shards = 1;
     }
-    RETURN_IF_ERROR(pipeline.Step(
-        sentences ? "sentence_index" : "index", Join(dir_name, kManifestFileName),
-        [&]() -> absl::StatusOr<std::string> {
-          return RunIndex(Join(options.out_dir, sentences ? kSentenceKeysFileName : kKeysFileName),
-                          sentences ? std::string() : values_path, index, dir);
-        },
-        [&] { return VerifyIndexDirectory(dir); }));
+    StepSpec step;
+    step.name = sentences ? "sentence_index" : "index";
+    step.output = Join(dir_name, kManifestFileName);
+    step.options = IndexOptions(index);
+    step.run = [&]() -> absl::StatusOr<std::string> {
+      return RunIndex(Join(options.out_dir, sentences ? kSentenceKeysFileName : kKeysFileName),
+                      sentences ? std::string() : values_path, index, dir);
+    };
+    step.verify = [&] { return VerifyIndexDirectory(dir); };
+    step.replaced_when_done = true;
+    RETURN_IF_ERROR(pipeline.Step(step));
   }
   return pipeline.results();
+}
+
+absl::Status CheckValuesMayBeWritten(const std::string& dir) {
+  for (const char* name : {kDatastoreManifestFileName, kKeysFileName, kSentenceKeysFileName,
+                           kIndexDirName, kSentenceIndexDirName}) {
+    const std::string path = Join(dir, name);
+    std::error_code ignored;
+    if (fs::exists(path, ignored)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, " already holds ", path,
+          ", computed from its values.h5: writing another values.h5 "
+          "would leave it describing other sentences (use a new directory, or `datastore build`)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckDatastoreForDecoding(const std::string& dir, const std::string& model_path) {

@@ -65,6 +65,12 @@ absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer, ValuesBui
 
 absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& options);
 
+// OK when a values step alone (`knnserve datastore values`) may write `dir`/values.h5: the
+// directory holds nothing computed from a values.h5 (keys, sentence keys, an index, or the
+// datastore.json of BuildDatastore). FAILED_PRECONDITION naming what it holds otherwise: a new
+// values.h5 would leave those describing other sentences.
+absl::Status CheckValuesMayBeWritten(const std::string& dir);
+
 // Whether kNN-MT decoding with the checkpoint `model_path` may use the datastore in `dir`: the
 // decoder queries with its output features (kFeatureDecoderOut), so the keys must come from that
 // model (same SHA-256) and that feature. FAILED_PRECONDITION naming the mismatch otherwise. A

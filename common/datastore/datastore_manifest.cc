@@ -26,6 +26,9 @@ std::string DatastoreManifest::ToJson() const {
   json steps_json = json::object();
   for (const auto& [name, f] : steps) {
     steps_json[name] = {{"file", f.file}, {"bytes", f.digest.bytes}, {"sha256", f.digest.sha256}};
+    if (auto it = step_options.find(name); it != step_options.end()) {
+      steps_json[name]["options"] = it->second;
+    }
   }
   const json j = {{"format", kFormat},
                   {"version", kVersion},
@@ -51,6 +54,7 @@ absl::StatusOr<DatastoreManifest> DatastoreManifest::FromJson(const std::string&
       manifest.steps[name] =
           ManifestFile{f.at("file").get<std::string>(),
                        FileDigest{f.at("bytes").get<int64_t>(), f.at("sha256").get<std::string>()}};
+      if (f.contains("options")) manifest.step_options[name] = f.at("options").get<std::string>();
     }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": bad manifest: ", e.what()));

@@ -28,6 +28,9 @@ struct DatastoreManifest {
 
   std::map<std::string, std::string> inputs;  // fingerprint name -> value
   std::map<std::string, ManifestFile> steps;  // step name -> its output (relative path)
+  // step name -> the options its output was made with (absent in datastores built before they
+  // were recorded)
+  std::map<std::string, std::string> step_options;
 
   std::string ToJson() const;
   static absl::StatusOr<DatastoreManifest> FromJson(const std::string& json,

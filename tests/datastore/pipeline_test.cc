@@ -80,6 +80,50 @@ TEST_F(PipelineTest, BuildsEveryStepThenSkipsThemAllWhenVerified) {
               ::testing::ElementsAre("values", "keys", "sentence_keys", "index", "sentence_index"));
 }
 
+TEST_F(PipelineTest, ARerunWithOtherIndexOptionsRebuildsTheIndexAndKeepsTheKeys) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  BuildOptions other = Options();
+  other.index.factory = "PQ4np";
+  other.index.shards = 3;
+  ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(other));
+  EXPECT_THAT(Skipped(results), ::testing::ElementsAre("values", "keys", "sentence_keys"));
+  ASSERT_OK_AND_ASSIGN(const IndexManifest index, ReadManifest(Path("ds/index")));
+  EXPECT_EQ(index.factory, "PQ4np");
+  EXPECT_EQ(index.shards.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(const auto again, BuildDatastore(other));
+  EXPECT_EQ(Skipped(again).size(), 5u);
+  // Other key options (float32 keys) rebuild the keys and everything after them.
+  other.keys.fp16 = false;
+  ASSERT_OK_AND_ASSIGN(const auto fp32, BuildDatastore(other));
+  EXPECT_THAT(Skipped(fp32), ::testing::ElementsAre("values"));
+}
+
+TEST_F(PipelineTest, AFailedRebuildWithBadIndexOptionsKeepsTheOldIndex) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  ASSERT_OK_AND_ASSIGN(const IndexManifest before, ReadManifest(Path("ds/index")));
+  BuildOptions bad = Options();
+  bad.index.factory = "Bogus";
+  EXPECT_FALSE(BuildDatastore(bad).ok());
+  bad = Options();
+  bad.index.shards = 0;
+  EXPECT_FALSE(BuildDatastore(bad).ok());
+  // The old index is still whole and recorded: the original options skip every step.
+  ASSERT_OK_AND_ASSIGN(const IndexManifest after, ReadManifest(Path("ds/index")));
+  EXPECT_EQ(after.factory, before.factory);
+  ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(Options()));
+  EXPECT_EQ(Skipped(results).size(), 5u);
+}
+
+TEST_F(PipelineTest, ValuesAloneMayNotReplaceTheValuesOfComputedKeys) {
+  EXPECT_OK(CheckValuesMayBeWritten(Path("fresh")));
+  ASSERT_OK(BuildDatastore(Options()).status());
+  EXPECT_THAT(CheckValuesMayBeWritten(Path("ds")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("datastore.json")));
+  fs::remove(Path("ds/datastore.json"));
+  EXPECT_THAT(CheckValuesMayBeWritten(Path("ds")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("keys.h5")));
+}
+
 TEST_F(PipelineTest, ACorruptedOutputIsRecomputedWithEveryLaterStep) {
   ASSERT_OK(BuildDatastore(Options()).status());
   const std::string sentence_keys = Path("ds/") + kSentenceKeysFileName;
