@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_checks.h"
 #include "common/process_init.h"
 #include "server/router.h"
 #include "shard/log.h"
@@ -114,15 +115,15 @@ int main(int argc, char** argv) {
                "replica under a subset_session token (for shards that predate the token)");
   app.add_option("--hedge-delay-ms", flags.hedge_delay_ms,
                  "hedge after this delay (0: the shard's observed p95 latency)")
-      ->check(CLI::Range(0.0, 3600e3))
+      ->check(knnserve::FiniteRange(0.0, 3600e3))
       ->capture_default_str();
   app.add_option("--timeout-ms", flags.timeout_ms,
                  "deadline for requests that set none (or a later one)")
-      ->check(CLI::Range(1.0, 86400e3))
+      ->check(knnserve::FiniteRange(1.0, 86400e3))
       ->capture_default_str();
   app.add_option("--probe-interval-ms", flags.probe_interval_ms,
                  "how often every replica's Info is probed (health, shard ranges)")
-      ->check(CLI::Range(1.0, 3600e3))
+      ->check(knnserve::FiniteRange(1.0, 3600e3))
       ->capture_default_str();
   app.add_option("--shard-tls-server-name", flags.shard_tls_server_name,
                  "name the shards' certificates carry, when not their address's host");

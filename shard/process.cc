@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "common/cli_checks.h"
 #include "shard/log.h"
 
 namespace knnserve {
@@ -37,6 +38,7 @@ void RequestTermination() { kill(getpid(), SIGTERM); }
 void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
   listen = default_listen;
   app.add_option("--listen", listen, "host:port to serve gRPC on (port 0 picks one)")
+      ->check(HostPort())
       ->capture_default_str();
   app.add_option("--tls-cert", tls.cert, "PEM certificate chain: serve (and call) over TLS");
   app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
@@ -44,13 +46,14 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
                  "PEM CA bundle: require and verify client certificates (mTLS), and verify "
                  "the servers this process calls");
   app.add_option("--metrics-listen", metrics_listen,
-                 "host:port serving Prometheus metrics over HTTP at /metrics (off if empty)");
+                 "host:port serving Prometheus metrics over HTTP at /metrics (off if empty)")
+      ->check(HostPort());
   app.add_option("--log-level", log_level, "debug, info, warning or error")
       ->capture_default_str()
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   app.add_option("--drain-seconds", drain_seconds,
                  "on SIGTERM, how long calls in flight may take to finish")
-      ->check(CLI::Range(0.0, 86400.0))
+      ->check(FiniteRange(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--max-k", limits.max_k, "largest k a request may ask for")
       ->check(CLI::Range(1, 1 << 20))

@@ -11,6 +11,7 @@
 #include "client/cli/commands.h"
 #include "client/datastore/key_computation.h"
 #include "client/datastore/pipeline.h"
+#include "common/cli_checks.h"
 #include "common/datastore/hdf5_datastore.h"
 #include "common/datastore/values_builder.h"
 #include "common/datastore/values_file.h"
@@ -41,12 +42,17 @@ void AddKeysFlags(CLI::App* cmd, KeysFlags& f) {
   cmd->add_option("--model", f.model, "model checkpoint (.pt)")->required();
   cmd->add_option("--device", f.device, "cpu | cuda[:N] (CUDA LibTorch builds)")
       ->capture_default_str();
-  cmd->add_option("--threads", f.threads, "LibTorch threads")->capture_default_str();
+  cmd->add_option("--threads", f.threads, "LibTorch threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->add_option("--batch-tokens", f.batch_tokens, "padded tokens per batch")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   cmd->add_option("--batch-sentences", f.batch_sentences, "sentences per batch")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   cmd->add_option("--checkpoint-rows", f.checkpoint_rows, "rows between resumable checkpoints")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   cmd->add_option("--debug-kill-after-checkpoints", f.kill_after_checkpoints,
                   "testing: kill the process (SIGKILL) after N checkpoints")
@@ -101,9 +107,12 @@ void RegisterValues(CLI::App& parent) {
   cmd->add_option("--out", f->dir, "datastore directory")->required();
   cmd->add_option("--max-tokens", f->options.max_tokens,
                   "longest side kept, tokens with EOS (longer lines are bad lines)")
+      ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
   cmd->add_flag("--strict", f->options.strict, "a bad corpus line is an error");
-  cmd->add_option("--threads", f->options.threads, "tokenizer threads")->capture_default_str();
+  cmd->add_option("--threads", f->options.threads, "tokenizer threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->callback([f] {
     if (f->tokenizer.empty() == f->model.empty()) {
       ExitOnError(absl::InvalidArgumentError("give exactly one of --tokenizer and --model"));
@@ -181,12 +190,18 @@ void RegisterBuild(CLI::App& parent) {
   cmd->add_option("--out", f->dir, "datastore directory")->required();
   cmd->add_option("--factory", o->index.factory, "faiss factory string of the token index")
       ->capture_default_str();
-  cmd->add_option("--shards", o->index.shards)->capture_default_str();
-  cmd->add_option("--subset-m", o->index.subset_m, "subset PQ sub-quantizers (0: the index's)")
+  cmd->add_option("--shards", o->index.shards)
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--train-size", o->index.train_size)->capture_default_str();
+  cmd->add_option("--subset-m", o->index.subset_m, "subset PQ sub-quantizers (0: the index's)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  cmd->add_option("--train-size", o->index.train_size)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
   cmd->add_option("--sentence-factory", o->sentence_factory)->capture_default_str();
   cmd->add_option("--max-tokens", o->max_sentence_tokens, "longest side kept (tokens with EOS)")
+      ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
   cmd->add_flag("--strict", o->strict, "a bad corpus line is an error");
   cmd->add_option("--feature", f->feature, "decoder_out | ffn_in")->capture_default_str();

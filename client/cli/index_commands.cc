@@ -9,10 +9,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/cli/commands.h"
+#include "common/cli_checks.h"
 #include "common/datastore/hdf5_datastore.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
 #include "common/index/manifest.h"
+#include "common/request.h"
+#include "common/wire.h"
 
 namespace knnserve::cli {
 namespace {
@@ -65,7 +68,7 @@ struct SearchFlags {
 // "3,17,42" -> sentence ids.
 std::vector<int64_t> ParseSentences(const std::string& text) {
   std::vector<int64_t> ids;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t id = 0;
     if (!absl::SimpleAtoi(part, &id)) {
       ExitOnError(absl::InvalidArgumentError(
@@ -81,14 +84,21 @@ void RunSearch(const SearchFlags& f) {
       f.shard < 0 ? CreateLocalEngine(f.dir, f.engine) : CreateEngine(f.dir, f.shard, f.engine));
   std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
   const int64_t rows = std::min(f.rows, source->rows());
-  SearchQuery query;
-  query.queries = Matrix<float>(rows, source->dim());
-  ExitOnError(source->Read(0, rows, query.queries.data()));
-  query.params = f.params;
+  Matrix<float> queries(rows, source->dim());
+  ExitOnError(source->Read(0, rows, queries.data()));
+  // Checked as a server checks a request: dimension, finite values, k, ids of the subset.
+  v1::SearchRequest request;
+  EncodeMatrix(queries.view(), v1::DTYPE_FP32, request.mutable_queries());
+  request.mutable_params()->set_k(f.params.k);
+  request.mutable_params()->set_nprobe(f.params.nprobe);
+  request.mutable_params()->set_ef_search(f.params.ef_search);
   if (!f.subset.empty()) {
-    query.subset_groups = std::make_shared<SubsetGroups>(SubsetGroups{ParseSentences(f.subset)});
-    query.row_group.assign(rows, 0);
+    const std::vector<int64_t> ids = ParseSentences(f.subset);
+    request.add_subset_groups()->mutable_sentence_ids()->Assign(ids.begin(), ids.end());
+    for (int64_t r = 0; r < rows; ++r) request.add_row_group(0);
   }
+  const SearchQuery query =
+      ValueOrExit(ParseSearchRequest(request, engine->info().shape(), RequestLimits()));
   const EngineResult result = ValueOrExit(engine->Search(query));
   const Neighbors& n = result.neighbors;
   std::printf("# %lld queries, k %d, %lld vectors searched; per query: rank id value distance\n",
@@ -123,19 +133,26 @@ void RegisterIndexCommands(CLI::App& app) {
   b->add_option("--factory", build->options.factory, "faiss index_factory string")
       ->capture_default_str();
   b->add_option("--shards", build->options.shards, "shards (contiguous id ranges)")
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   b->add_option("--out", build->out, "output directory")->required();
   b->add_option("--train-size", build->options.train_size, "rows sampled for training")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
-  b->add_option("--threads", build->options.threads, "OpenMP threads")->capture_default_str();
+  b->add_option("--threads", build->options.threads, "OpenMP threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   b->add_option("--metric", build->metric, "l2 or ip")->capture_default_str();
   b->add_option("--subset-m", build->options.subset_m,
                 "subset PQ sub-quantizers (0: the index's PQ M)")
+      ->check(CLI::Range(0, 256))
       ->capture_default_str();
   b->add_option("--opq-iterations", build->options.opq_iterations,
                 "OPQ training iterations (0: faiss default)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   b->add_option("--chunk-rows", build->options.chunk_rows, "rows read and added per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   b->add_option("--seed", build->options.seed, "training sample seed")->capture_default_str();
   b->callback([build] { RunBuild(*build); });
@@ -145,16 +162,25 @@ void RegisterIndexCommands(CLI::App& app) {
   s->add_option("dir", search->dir, "index directory")->required();
   s->add_option("--queries", search->queries, "HDF5 file with /keys [n, d] (e.g. keys.h5)")
       ->required();
-  s->add_option("--rows", search->rows, "first rows of --queries to search")->capture_default_str();
-  s->add_option("--k", search->params.k, "neighbours")->capture_default_str();
+  s->add_option("--rows", search->rows, "first rows of --queries to search")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  s->add_option("--k", search->params.k, "neighbours")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   s->add_option("--nprobe", search->params.nprobe, "IVF lists probed (0: index default)")
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   s->add_option("--ef-search", search->params.ef_search, "HNSW efSearch (0: index default)")
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   s->add_option("--shard", search->shard, "one shard only (-1: all, merged)")
+      ->check(CLI::Range(-1, 1 << 16))
       ->capture_default_str();
   s->add_option("--subset", search->subset, "comma-separated sentence ids: subset search");
-  s->add_option("--threads", search->engine.threads, "OpenMP threads")->capture_default_str();
+  s->add_option("--threads", search->engine.threads, "OpenMP threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   s->callback([search] { RunSearch(*search); });
 
   auto dir = std::make_shared<std::string>();

@@ -28,6 +28,7 @@
 #include "client/knn/thread_plan.h"
 #include "client/model/checkpoint.h"
 #include "client/tokenizer/tokenizer.h"
+#include "common/cli_checks.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -78,21 +79,29 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "--router, and embedded with --threads >= 2")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--router", f->router, "remote retrieval: router address host:port");
-  cmd->add_option("--knn-topk", f->knn.k, "neighbours per step (k)")->capture_default_str();
+  cmd->add_option("--router", f->router, "remote retrieval: router address host:port")
+      ->check(HostPort());
+  cmd->add_option("--knn-topk", f->knn.k, "neighbours per step (k)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--knn-temperature", f->knn.temperature, "softmax temperature τ")
+      ->check(FiniteRange(1e-30, 1e30))
       ->capture_default_str();
   cmd->add_option("--knn-weight", f->knn.weight, "interpolation weight λ of p_kNN")
+      ->check(FiniteRange(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--knn-nprobe", f->knn.nprobe, "IVF lists probed (0: index default)")
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   cmd->add_option("--knn-threshold", f->knn.threshold,
                   "ignore neighbours farther than this distance (0: off)")
+      ->check(FiniteRange(0.0, 1e30))
       ->capture_default_str();
   cmd->add_option("--knn-config", f->knn_config,
                   "k/τ/λ from `knnserve tune` (JSON); explicit --knn-* flags win");
   cmd->add_option("--subset-sentences", f->subset_sentences,
                   "subset-knn: datastore sentences retrieved per source sentence")
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   cmd->add_option("--sentence-index", f->sentence_index,
                   "subset-knn: sentence index directory (default: DATASTORE/sentence_index)");
@@ -102,8 +111,10 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
   cmd->add_option("--tls-server-name", f->remote.tls_server_name,
                   "remote: name the router's certificate must carry");
   cmd->add_option("--step-deadline-ms", f->step_deadline_ms, "remote: deadline of one step")
+      ->check(CLI::Range(int64_t{1}, int64_t{86'400'000}))
       ->capture_default_str();
   cmd->add_option("--retries", f->remote.max_retries, "remote: retries of a failed step")
+      ->check(CLI::Range(0, 100))
       ->capture_default_str();
 }
 
@@ -374,16 +385,26 @@ void RegisterTranslate(CLI::App& app) {
   cmd->add_option("--output", flags->output, "detokenized output; - is stdout")
       ->capture_default_str();
   cmd->add_option("--beam", flags->search.beam_size, "beam size (1: greedy)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  cmd->add_option("--lenpen", flags->search.length_penalty)->capture_default_str();
-  cmd->add_option("--max-len-a", flags->search.max_len_a)->capture_default_str();
-  cmd->add_option("--max-len-b", flags->search.max_len_b)->capture_default_str();
-  cmd->add_option("--batch-size", flags->batch_size, "sentences per batch")->capture_default_str();
-  cmd->add_option("--threads", flags->threads)->capture_default_str();
+  cmd->add_option("--lenpen", flags->search.length_penalty)
+      ->check(FiniteRange(-100.0, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--max-len-a", flags->search.max_len_a)
+      ->check(FiniteRange(0.0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--max-len-b", flags->search.max_len_b)
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  cmd->add_option("--batch-size", flags->batch_size, "sentences per batch")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--threads", flags->threads)->check(CLI::Range(1, 1024))->capture_default_str();
   AddRetrievalFlags(cmd, &flags->retrieval);
   cmd->add_flag("--print-neighbors", flags->print_neighbors,
                 "print, per output token, the retrieved datastore sentences (stderr)");
   cmd->add_option("--print-neighbors-k", flags->print_neighbors_k, "neighbours printed per token")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--stats-json", flags->stats_json, "write the speed report as JSON");
   cmd->callback([cmd, flags] { RunTranslate(cmd, *flags); });
@@ -503,9 +524,12 @@ void RegisterTune(CLI::App& app) {
   cmd->add_option("--sentences", flags->sentences, "first N dev sentences (<= 0: all)")
       ->capture_default_str();
   cmd->add_option("--beam", flags->beam, "beam size while tuning (1: greedy)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  cmd->add_option("--batch-size", flags->batch_size)->capture_default_str();
-  cmd->add_option("--threads", flags->threads)->capture_default_str();
+  cmd->add_option("--batch-size", flags->batch_size)
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--threads", flags->threads)->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->callback([flags] { RunTune(*flags); });
 }
 
