@@ -61,6 +61,25 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
                                      dir + "/keys.h5", "--rows", "1", "--subset", "0,1"});
   const int64_t subset_tokens = ds.values.offsets[2];
   EXPECT_THAT(subset, HasSubstr(absl::StrCat(subset_tokens, " vectors searched")));
+
+  // Checked like a server's requests: sentence ids in range and not empty.
+  for (const char* bad : {"0,,1", "-1", "99999"}) {
+    EXPECT_THROW(RunCli({"index", "search", dir + "/index", "--queries", dir + "/keys.h5", "--rows",
+                         "1", "--subset", bad}),
+                 CLI::RuntimeError)
+        << bad;
+  }
+}
+
+TEST(IndexCli, OutOfRangeFlagsAreRefusedAtParse) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"index", "search", "dir", "--queries", "q.h5", "--rows", "-5"},
+        {"index", "search", "dir", "--queries", "q.h5", "--k", "0"},
+        {"index", "search", "dir", "--queries", "q.h5", "--shard", "-2"},
+        {"index", "build", "--keys", "k.h5", "--out", "o", "--shards", "0"},
+        {"index", "build", "--keys", "k.h5", "--out", "o", "--threads", "0"}}) {
+    EXPECT_THROW(RunCli(args), CLI::ValidationError) << args[args.size() - 2];
+  }
 }
 
 TEST(IndexCli, ErrorsExitWithStatusOne) {

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -291,6 +292,22 @@ TEST(ProcessTest, SubsetOnlyShardsAnswerSubsetsWithoutTheirFaissIndexAndRefuseFu
   const grpc::Status direct = CallSearch(shard_stub.get(), MakeRequest(queries, 6), &response);
   EXPECT_EQ(direct.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(direct.error_message(), ::testing::HasSubstr("subset searches only"));
+}
+
+TEST(ProcessTest, ServersRefuseNanAndOutOfRangeFlagsAtStart) {
+  const std::string out = testing::FreshTempDir("service_flags").string() + "/out.txt";
+  for (const auto& [binary, flags, named] : std::vector<std::array<std::string, 3>>{
+           {"knnserve-router", "--shards /dev/null --probe-interval-ms nan", "--probe-interval-ms"},
+           {"knnserve-router", "--shards /dev/null --timeout-ms nan", "--timeout-ms"},
+           {"knnserve-shard", "--index /nonexistent --shard 0 --drain-seconds nan",
+            "--drain-seconds"},
+           {"knnserve-shard", "--index /nonexistent --shard 0 --listen 127.0.0.1:99999",
+            "--listen"}}) {
+    const std::string command =
+        absl::StrCat("timeout 30 ", Bin(binary), " ", flags, " > ", out, " 2>&1");
+    EXPECT_NE(std::system(command.c_str()), 0) << command;
+    EXPECT_THAT(ReadFile(out), ::testing::HasSubstr(named)) << command;
+  }
 }
 
 TEST(ProcessTest, SigtermDrainsAndExitsZero) {
