@@ -66,7 +66,9 @@ bool AllFinite(const char* bytes, int64_t n, Bits exponent) {
 int64_t RequestLimits::MaxMessageBytes(int dim) const {
   const int64_t query_bytes = int64_t{max_rows} * dim * 4;
   const int64_t subset_bytes = max_total_subset_sentences * 10;  // varints of at most 10 bytes
-  const int64_t result_bytes = int64_t{max_rows} * max_k * (4 + 10 + 5);
+  // Per neighbour: a float distance, an int64 id and an int32 value, each varint up to 10 bytes
+  // (a missing neighbour's −1 takes all 10: proto3 sign-extends negative int32s).
+  const int64_t result_bytes = int64_t{max_rows} * max_k * (4 + 10 + 10);
   return std::max(query_bytes + subset_bytes, result_bytes) + kEnvelopeBytes;
 }
 

@@ -27,8 +27,9 @@ struct RequestLimits {
   int64_t max_total_subset_sentences = 1 << 20;  // over all groups of one request
 
   // The largest request or response message for index dimension `dim`: a full fp32 query
-  // matrix plus max_total_subset_sentences ids, or a full result, plus 64 KiB for the
-  // envelope (about 26 MB at d = 1024). Servers pass it to gRPC as the max message size.
+  // matrix plus max_total_subset_sentences ids, or a full result of missing neighbours (the
+  // largest on the wire), plus 64 KiB for the envelope (with the defaults about 101 MB, the
+  // result's share). Servers pass it to gRPC as the max message size.
   int64_t MaxMessageBytes(int dim) const;
   void ToProto(int dim, v1::Limits* limits) const;
 };

@@ -293,9 +293,17 @@ TEST(NewSubsetSession, IsSixteenBytesAndFresh) {
   EXPECT_NE(a, NewSubsetSession());
 }
 
-TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndFitsGrpc) {
+TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndTheLargestAnswerAndFitsGrpc) {
   EXPECT_GE(kLimits.MaxMessageBytes(1024), int64_t{4096} * 1024 * 4);
   EXPECT_LT(kLimits.MaxMessageBytes(4096), int64_t{1} << 31);  // gRPC takes an int
+  // The largest answer: every row's max_k neighbours missing (the longest varints), with
+  // coverage.
+  v1::SearchResponse answer;
+  EncodeNeighbors(Neighbors::Missing(kLimits.max_rows, kLimits.max_k, Metric::kL2,
+                                     /*with_values=*/true),
+                  &answer);
+  answer.mutable_coverage()->set_vectors_total(int64_t{1} << 40);
+  EXPECT_LE(static_cast<int64_t>(answer.ByteSizeLong()), kLimits.MaxMessageBytes(16));
   v1::Limits limits;
   kLimits.ToProto(512, &limits);
   EXPECT_EQ(limits.max_k(), 1024);
