@@ -80,6 +80,8 @@ class Router : public SearchBackend {
   // Recomputes topology and health from the shards' infos and replica health.
   void Update();
   std::shared_ptr<const Topology> topology() const;
+  // When the shard calls of `call` end.
+  absl::Time ShardDeadline(const SearchCall& call) const;
   // Indexes into shards_ of the shards `query` needs.
   std::vector<size_t> Targets(const Topology& topology, const SearchQuery& query) const;
 

@@ -254,6 +254,25 @@ TEST(RouterTest, DeadlineCancelsTheShardCall) {
   EXPECT_EQ(engine->calls(), calls);
 }
 
+// With allow_partial the caller gets what was searched even when its own deadline is the one
+// that ends the wait for a stuck shard (the router's timeout is far later).
+TEST(RouterTest, PartialAnswerArrivesBeforeTheCallersDeadline) {
+  Cluster cluster(2, 1);
+  TestRouter router(cluster.map(), FastRouterOptions());
+  auto stub = Connect(router.address());
+  cluster.shard(1).engine()->CloseGate();
+  v1::SearchRequest request = MakeRequest(RandomQueries(2, kDim, 6), 3);
+  request.set_allow_partial(true);
+  v1::SearchResponse response;
+  const grpc::Status status = CallSearch(stub.get(), request, &response, absl::Seconds(2));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.coverage().shards_answered(), 1);
+  ASSERT_EQ(response.coverage().degraded_size(), 1);
+  EXPECT_EQ(response.coverage().degraded(0).shard_id(), 1);
+  EXPECT_EQ(response.coverage().degraded(0).reason(), v1::DEGRADED_REASON_TIMEOUT);
+  cluster.shard(1).engine()->OpenGate();
+}
+
 TEST(RouterTest, RejectsMalformedRequestsAndKeepsServing) {
   Cluster cluster(2, 1);
   TestRouter router(cluster.map(), FastRouterOptions());
