@@ -1,6 +1,7 @@
 #include "common/index/manifest.h"
 
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -18,14 +19,32 @@ json FileToJson(const ManifestFile& f) {
   return {{"file", f.file}, {"bytes", f.digest.bytes}, {"sha256", f.digest.sha256}};
 }
 
-ManifestFile FileFromJson(const json& j) {
-  return {j.at("file").get<std::string>(),
-          {j.at("bytes").get<int64_t>(), j.at("sha256").get<std::string>()}};
+// The field `key` of `object` (named `path` + key in errors: "shards[1].index.sha256").
+template <typename T>
+T Field(const json& object, const std::string& path, const char* key) {
+  try {
+    return object.at(key).get<T>();
+  } catch (const json::exception& e) {
+    throw std::runtime_error(absl::StrCat(path, key, ": ", e.what()));
+  }
 }
 
-std::optional<ManifestFile> OptionalFile(const json& j, const char* key) {
+const json& Object(const json& parent, const std::string& path, const char* key) {
+  try {
+    return parent.at(key);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(absl::StrCat(path, key, ": ", e.what()));
+  }
+}
+
+ManifestFile FileFromJson(const json& j, const std::string& path) {
+  return {Field<std::string>(j, path, "file"),
+          {Field<int64_t>(j, path, "bytes"), Field<std::string>(j, path, "sha256")}};
+}
+
+std::optional<ManifestFile> OptionalFile(const json& j, const std::string& path, const char* key) {
   if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
-  return FileFromJson(j.at(key));
+  return FileFromJson(j.at(key), absl::StrCat(path, key, "."));
 }
 
 absl::Status Check(const IndexManifest& m, const std::string& source) {
@@ -94,15 +113,15 @@ absl::StatusOr<IndexManifest> IndexManifest::FromJson(const std::string& text,
   IndexManifest m;
   try {
     const json j = json::parse(text);
-    if (j.at("format").get<std::string>() != kFormat) {
+    if (Field<std::string>(j, "", "format") != kFormat) {
       return absl::DataLossError(absl::StrCat(source, ": not a knnserve index manifest"));
     }
-    if (const int version = j.at("version").get<int>(); version != kVersion) {
+    if (const int version = Field<int>(j, "", "version"); version != kVersion) {
       return absl::FailedPreconditionError(
           absl::StrCat(source, ": manifest version ", version, ", this build reads ", kVersion));
     }
-    m.factory = j.at("factory").get<std::string>();
-    const std::string metric = j.at("metric").get<std::string>();
+    m.factory = Field<std::string>(j, "", "factory");
+    const std::string metric = Field<std::string>(j, "", "metric");
     if (metric == MetricName(Metric::kL2)) {
       m.metric = Metric::kL2;
     } else if (metric == MetricName(Metric::kInnerProduct)) {
@@ -110,22 +129,27 @@ absl::StatusOr<IndexManifest> IndexManifest::FromJson(const std::string& text,
     } else {
       return absl::DataLossError(absl::StrCat(source, ": unknown metric \"", metric, "\""));
     }
-    m.dim = j.at("dim").get<int>();
-    m.total_vectors = j.at("total_vectors").get<int64_t>();
-    m.num_sentences = j.at("num_sentences").get<int64_t>();
+    m.dim = Field<int>(j, "", "dim");
+    m.total_vectors = Field<int64_t>(j, "", "total_vectors");
+    m.num_sentences = Field<int64_t>(j, "", "num_sentences");
     if (j.contains("subset")) {
-      m.subset_m = j.at("subset").at("m").get<int>();
-      m.subset_quantizer = FileFromJson(j.at("subset").at("quantizer"));
+      const json& subset = j.at("subset");
+      m.subset_m = Field<int>(subset, "subset.", "m");
+      m.subset_quantizer =
+          FileFromJson(Object(subset, "subset.", "quantizer"), "subset.quantizer.");
     }
-    for (const json& s : j.at("shards")) {
+    const json& shards = Object(j, "", "shards");
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const json& s = shards.at(i);
+      const std::string path = absl::StrCat("shards[", i, "].");
       ShardManifest shard;
-      shard.id_begin = s.at("id_begin").get<int64_t>();
-      shard.id_end = s.at("id_end").get<int64_t>();
-      shard.sentence_begin = s.at("sentence_begin").get<int64_t>();
-      shard.sentence_end = s.at("sentence_end").get<int64_t>();
-      shard.index = FileFromJson(s.at("index"));
-      shard.values = OptionalFile(s, "values");
-      shard.subset_codes = OptionalFile(s, "subset_codes");
+      shard.id_begin = Field<int64_t>(s, path, "id_begin");
+      shard.id_end = Field<int64_t>(s, path, "id_end");
+      shard.sentence_begin = Field<int64_t>(s, path, "sentence_begin");
+      shard.sentence_end = Field<int64_t>(s, path, "sentence_end");
+      shard.index = FileFromJson(Object(s, path, "index"), path + "index.");
+      shard.values = OptionalFile(s, path, "values");
+      shard.subset_codes = OptionalFile(s, path, "subset_codes");
       m.shards.push_back(std::move(shard));
     }
   } catch (const std::exception& e) {

@@ -7,6 +7,7 @@
 #include "common/half.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
+#include "common/index/manifest.h"
 #include "common/index/shard_data.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -83,6 +84,34 @@ TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has 7 bytes")));
   EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes, Sha256Hex("other")}),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has sha256")));
+}
+
+// A manifest field of the wrong type or missing is named with its path.
+TEST(IndexManifest, BadFieldsAreNamedWithTheirPath) {
+  IndexManifest m;
+  m.factory = "Flat";
+  m.dim = 4;
+  m.total_vectors = 10;
+  ShardManifest shard;
+  shard.id_end = 10;
+  shard.index = {"shard-00000.faiss", {123, std::string(64, 'a')}};
+  m.shards = {shard, shard};
+  m.shards[1].id_begin = 10;
+  m.shards[1].id_end = 10;
+  const std::string good = m.ToJson();
+  ASSERT_OK(IndexManifest::FromJson(good, "m.json").status());
+  const auto replaced = [&good](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.rfind(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  EXPECT_THAT(IndexManifest::FromJson(replaced("\"dim\": 4", "\"dim\": \"abc\""), "m.json"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("m.json: bad manifest: dim: ")));
+  EXPECT_THAT(IndexManifest::FromJson(replaced("\"bytes\": 123", "\"bytes\": \"x\""), "m.json"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shards[1].index.bytes: ")));
+  EXPECT_THAT(IndexManifest::FromJson(replaced("\"index\":", "\"other\":"), "m.json"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shards[1].index: ")));
 }
 
 TEST(ShardData, RoundTripsAndRefusesBadHeaders) {
