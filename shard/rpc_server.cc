@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -13,6 +14,8 @@
 namespace knnserve {
 namespace {
 
+// The PEM text of `path`. gRPC reports a file that holds no PEM block only as a failure to
+// listen (or to connect), without naming the file: such a file is refused here.
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -20,6 +23,10 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view w
   }
   std::ostringstream text;
   text << in.rdbuf();
+  if (!absl::StrContains(text.str(), "-----BEGIN ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", path, "' holds no PEM block (-----BEGIN ...-----)"));
+  }
   return text.str();
 }
 

@@ -4,9 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/flat_engine.h"
 #include "tests/server/test_cluster.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::testing {
 namespace {
@@ -82,6 +84,15 @@ TEST(TlsFlagsTest, CertificateWithoutKeyIsRejected) {
   EXPECT_FALSE(MakeServerCredentials({"cert.pem", "", ""}).ok());
   EXPECT_FALSE(MakeChannelCredentials({"", "key.pem", ""}).ok());
   EXPECT_FALSE(MakeServerCredentials({"/nonexistent.pem", "/nonexistent.key", ""}).ok());
+}
+
+TEST(TlsFlagsTest, AFileWithoutPemIsRefusedNamingIt) {
+  const std::string dir = FreshTempDir("tls_flags").string();
+  const std::string not_pem = dir + "/hostname";
+  std::ofstream(not_pem) << "some-host\n";
+  EXPECT_THAT(MakeServerCredentials({not_pem, not_pem, ""}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("'" + not_pem + "' holds no PEM block")));
 }
 
 }  // namespace
