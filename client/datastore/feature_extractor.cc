@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "client/model/checkpoint.h"
@@ -18,6 +19,8 @@ template <typename Body>
 auto GuardTorch(absl::string_view what, Body&& body) -> decltype(body()) {
   try {
     return body();
+  } catch (const c10::Error& e) {  // its what() carries a C++ stack trace
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
@@ -109,8 +112,15 @@ absl::StatusOr<LoadedExtractor> LoadTransformerExtractor(const std::string& chec
                                                    kFeatureDecoderOut, " or ", kFeatureFfnIn, ")"));
   }
   ASSIGN_OR_RETURN(model::LoadedModel loaded, model::LoadCheckpoint(checkpoint_path));
+  std::optional<torch::Device> parsed;
+  try {
+    parsed.emplace(device);
+  } catch (const c10::Error&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", device, "\" is not a device (cpu, cuda or cuda:N)"));
+  }
   return GuardTorch("load model", [&]() -> absl::StatusOr<LoadedExtractor> {
-    const torch::Device torch_device(device);
+    const torch::Device torch_device = *parsed;
     if (torch_device.is_cuda() && !torch::cuda::is_available()) {
       return absl::FailedPreconditionError(
           absl::StrCat("device ", device, " requested but CUDA is not available"));

@@ -32,15 +32,8 @@ std::string Join(const std::string& dir, const std::string& name) {
 // Size of an index directory, or an error when any file its manifest lists fails to verify.
 absl::StatusOr<int64_t> VerifyIndexDirectory(const std::string& dir) {
   ASSIGN_OR_RETURN(const IndexManifest manifest, ReadManifest(dir));
-  std::vector<ManifestFile> files;
-  if (manifest.subset_quantizer) files.push_back(*manifest.subset_quantizer);
-  for (const ShardManifest& shard : manifest.shards) {
-    files.push_back(shard.index);
-    if (shard.values) files.push_back(*shard.values);
-    if (shard.subset_codes) files.push_back(*shard.subset_codes);
-  }
   int64_t bytes = 0;
-  for (const ManifestFile& f : files) {
+  for (const ManifestFile& f : manifest.Files()) {
     RETURN_IF_ERROR(VerifyFile(Join(dir, f.file), f.digest));
     bytes += f.digest.bytes;
   }

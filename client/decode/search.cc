@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
@@ -459,8 +460,12 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
   const model::TransformerConfig& config = model->config();
   ASSIGN_OR_RETURN(auto encoded,
                    EncodeAll(tokenizer, texts, config.max_source_positions, config.eos_id));
-  std::vector<size_t> order(texts.size());
-  std::iota(order.begin(), order.end(), 0);
+  // An empty (or blank) line translates to an empty line: the model would make up a sentence.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (!absl::StripAsciiWhitespace(texts[i]).empty()) order.push_back(i);
+  }
+  if (progress != nullptr) progress->Add(static_cast<int64_t>(texts.size() - order.size()));
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return encoded[a].size() > encoded[b].size(); });
   std::vector<torch::Tensor> batches;
@@ -490,7 +495,7 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
     ASSIGN_OR_RETURN(output[order[i]], tokenizer.Decode(best[i]));
     local.generated_tokens += static_cast<int64_t>(best[i].size());
   }
-  local.sentences = static_cast<int64_t>(best.size());
+  local.sentences = static_cast<int64_t>(texts.size());
   if (stats != nullptr) *stats = local;
   return output;
 }

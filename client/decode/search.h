@@ -106,7 +106,8 @@ struct TranslateStats {
 };
 
 // Translates texts in length-sorted batches of `batch_size` (greedy when beam_size == 1) and
-// returns the detokenized best hypothesis of each, in input order. `progress` may be null.
+// returns the detokenized best hypothesis of each, in input order; an empty or blank text gets an
+// empty translation without running the model. `progress` may be null.
 absl::StatusOr<std::vector<std::string>> TranslateTexts(
     model::TransformerModel& model, const Tokenizer& tokenizer,
     const std::vector<std::string>& texts, const SearchOptions& options, int64_t batch_size,

@@ -206,7 +206,11 @@ absl::StatusOr<std::unique_ptr<RemoteRetriever>> RemoteRetriever::Create(
   if (!status.ok()) {
     return absl::Status(
         FromGrpcStatus(status).code(),
-        absl::StrCat("router ", options.address, " did not answer Info: ", status.error_message()));
+        absl::StrCat("router ", options.address, " did not answer Info: ", status.error_message(),
+                     status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                         ? " (no connection: is a router listening there, and does the host "
+                           "name resolve?)"
+                         : ""));
   }
   ASSIGN_OR_RETURN(Metric metric, MetricFromProto(response.metric()));
   RetrieverInfo info;

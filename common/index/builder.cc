@@ -16,6 +16,20 @@
 namespace knnserve {
 namespace {
 
+void RemoveFilesNoLongerListed(const std::string& dir, const IndexManifest& previous,
+                               const IndexManifest& current) {
+  const std::vector<ManifestFile> keep = current.Files();
+  for (const ManifestFile& old : previous.Files()) {
+    const bool in_dir = old.file.find('/') == std::string::npos && old.file != "..";
+    if (!in_dir || std::any_of(keep.begin(), keep.end(),
+                               [&old](const ManifestFile& f) { return f.file == old.file; })) {
+      continue;
+    }
+    std::error_code ignored;
+    std::filesystem::remove(std::filesystem::path(dir) / old.file, ignored);
+  }
+}
+
 struct ShardRange {
   int64_t id_begin, id_end, sentence_begin, sentence_end;
 };
@@ -202,7 +216,12 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
     manifest.shards.push_back(std::move(entry));
   }
   bar.Finish();
+  // The files of an index this one replaces that it does not reuse (a build with fewer shards,
+  // or without subset codes) go once the new manifest is in place: only files the old manifest
+  // listed are removed.
+  absl::StatusOr<IndexManifest> previous = ReadManifest(out_dir);
   RETURN_IF_ERROR(WriteManifest(out_dir, manifest).status());
+  if (previous.ok()) RemoveFilesNoLongerListed(out_dir, *previous, manifest);
   return manifest;
 }
 

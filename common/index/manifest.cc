@@ -82,6 +82,17 @@ absl::Status Check(const IndexManifest& m, const std::string& source) {
 
 }  // namespace
 
+std::vector<ManifestFile> IndexManifest::Files() const {
+  std::vector<ManifestFile> files;
+  if (subset_quantizer) files.push_back(*subset_quantizer);
+  for (const ShardManifest& shard : shards) {
+    files.push_back(shard.index);
+    if (shard.values) files.push_back(*shard.values);
+    if (shard.subset_codes) files.push_back(*shard.subset_codes);
+  }
+  return files;
+}
+
 std::string IndexManifest::ToJson() const {
   json shards_json = json::array();
   for (const ShardManifest& s : shards) {

@@ -50,6 +50,9 @@ struct IndexManifest {
   std::optional<ManifestFile> subset_quantizer;
   std::vector<ShardManifest> shards;
 
+  // Every file the manifest lists: the subset quantizer, then per shard its index, values and
+  // subset codes.
+  std::vector<ManifestFile> Files() const;
   std::string ToJson() const;
   // Parses and checks consistency (contiguous shard ranges covering [0, total_vectors)).
   static absl::StatusOr<IndexManifest> FromJson(const std::string& json, const std::string& source);

@@ -85,6 +85,13 @@ TEST_F(TrainerTest, TinyModelOverfitsFiftyPairs) {
                        decode::TranslateTexts(loaded.model, *tokenizer, sources, search, 16));
   ASSERT_OK_AND_ASSIGN(eval::BleuScore bleu, eval::CorpusBleu(hyps, {references}));
   EXPECT_GE(bleu.score, 90.0) << bleu.Format();
+  // Empty and blank lines translate to empty lines; the others as they do alone.
+  decode::TranslateStats stats;
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> with_blanks,
+                       decode::TranslateTexts(loaded.model, *tokenizer, {"", sources[0], " \t"},
+                                              search, 16, &stats));
+  EXPECT_EQ(with_blanks, (std::vector<std::string>{"", hyps[0], ""}));
+  EXPECT_EQ(stats.sentences, 3);
 }
 
 TEST_F(TrainerTest, ResumesFromItsLastCheckpoint) {
@@ -125,7 +132,8 @@ TEST(BatchingTest, BatchesRespectTheTokenBudgetAndCoverEveryExample) {
   for (int count : seen) EXPECT_EQ(count, 1);
   TensorBatch t = Collate(examples, {0, 1}, /*pad_id=*/1, /*eos_id=*/2);
   EXPECT_EQ(t.prev_tokens[0][0].item<int64_t>(), 2);
-  EXPECT_TRUE(t.prev_tokens[0].narrow(0, 1, examples[0].target.size() - 1)
+  EXPECT_TRUE(t.prev_tokens[0]
+                  .narrow(0, 1, examples[0].target.size() - 1)
                   .equal(t.target[0].narrow(0, 0, examples[0].target.size() - 1)));
 }
 

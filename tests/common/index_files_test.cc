@@ -206,6 +206,32 @@ TEST(Hdf5Datastore, BuildFromHdf5EqualsBuildFromMemory) {
   }
 }
 
+// A build over an existing index leaves only its own files: those of the old index's extra
+// shards and of its subset codes go once the new manifest is written; other files stay.
+TEST(Hdf5Datastore, ARebuildRemovesTheFilesOfTheIndexItReplaces) {
+  const std::string dir = FreshTempDir("rebuild").string();
+  const testing::Datastore ds = testing::MakeDatastore(300, 8, 4, 5);
+  MatrixKeySource keys(ds.keys.view());
+  const MemoryValueSource values(ds.values);
+  IndexBuildOptions options;
+  options.factory = "IVF4,PQ2";
+  options.shards = 3;
+  options.progress.out = nullptr;
+  ASSERT_OK_AND_ASSIGN(const IndexManifest old_index, BuildIndex(keys, &values, options, dir));
+  std::ofstream(dir + "/notes.txt") << "not the index's";
+  options.factory = "Flat";
+  options.shards = 1;
+  ASSERT_OK_AND_ASSIGN(const IndexManifest new_index, BuildIndex(keys, &values, options, dir));
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::vector<std::string> expected = {"manifest.json", "notes.txt"};
+  for (const ManifestFile& f : new_index.Files()) expected.push_back(f.file);
+  EXPECT_THAT(left, ::testing::UnorderedElementsAreArray(expected));
+  EXPECT_GT(old_index.Files().size(), new_index.Files().size());
+}
+
 TEST(Hdf5Datastore, BuildRefusesValuesThatDoNotMatchTheKeys) {
   const std::string dir = FreshTempDir("h5mismatch").string();
   const testing::Datastore ds = testing::MakeDatastore(200, 4, 2, 2);
