@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -205,11 +206,14 @@ std::string ReplicaMismatch(int32_t shard_id, const v1::InfoResponse& info,
       info.subset_only() != agreed->subset_only() || slice.id_begin() != other.id_begin() ||
       slice.id_end() != other.id_end() || slice.sentence_begin() != other.sentence_begin() ||
       slice.sentence_end() != other.sentence_end()) {
-    return absl::StrCat("it serves ids [", slice.id_begin(), ", ", slice.id_end(), ") of ",
-                        info.total_vectors(), " (", info.factory(), ", dimension ", info.dim(),
-                        "), another replica of the shard ids [", other.id_begin(), ", ",
-                        other.id_end(), ") of ", agreed->total_vectors(), " (", agreed->factory(),
-                        ", dimension ", agreed->dim(), ")");
+    const auto describe = [](const v1::InfoResponse& i, const v1::ShardInfo& r) {
+      return absl::StrCat("ids [", r.id_begin(), ", ", r.id_end(), ") of ", i.total_vectors(),
+                          ", sentences [", r.sentence_begin(), ", ", r.sentence_end(), ") of ",
+                          i.num_sentences(), " (", i.factory(), ", dimension ", i.dim(),
+                          i.subset_only() ? ", subset only" : "", ")");
+    };
+    return absl::StrCat("it serves ", describe(info, slice), ", the shard's reference replica ",
+                        describe(*agreed, other));
   }
   return "";
 }
@@ -223,9 +227,13 @@ std::string CoverageGap(const std::vector<v1::ShardInfo>& ranges, const v1::Info
   };
   const auto check = [&](const char* what, int64_t total, auto range_of) -> std::string {
     std::vector<Range> sorted;
-    for (const v1::ShardInfo& r : ranges) sorted.push_back(range_of(r));
-    std::sort(sorted.begin(), sorted.end(),
-              [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    for (const v1::ShardInfo& r : ranges) {
+      const Range range = range_of(r);
+      if (range.end > range.begin) sorted.push_back(range);  // an empty slice covers nothing
+    }
+    std::sort(sorted.begin(), sorted.end(), [](const Range& a, const Range& b) {
+      return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+    });
     int64_t covered = 0;
     for (size_t i = 0; i < sorted.size(); ++i) {
       const Range& r = sorted[i];
@@ -313,36 +321,64 @@ void Router::ProbeLoop() {
 }
 
 // A replica must serve what the shard map lists it for: one shard, of that id, and the same
-// slice of the same index as the shard's first replica (in map order) that does. One that does
+// slice of the same index as the shard's reference Info: the one agreed before, while a replica
+// still serves it, else the first replica (in map order) whose shard id is right. One that does
 // not gets no calls (a wrong map entry would otherwise answer with another shard's vectors, or
-// twice with the same ones), and its reason is logged as an error.
+// twice with the same ones), and its reason is logged as an error. A replica's verdict changes
+// only when it answers Info; one that never answered gets no calls either.
 void Router::ProbeShard(ShardGroup* shard) {
-  std::optional<v1::InfoResponse> agreed;
+  struct Answer {
+    Replica* replica;
+    grpc::Status status;
+    v1::InfoResponse info;
+  };
+  std::vector<Answer> answers;
   for (const auto& replica : shard->replicas()) {
+    Answer& answer = answers.emplace_back();
+    answer.replica = replica.get();
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
-    v1::InfoResponse info;
-    const grpc::Status status = replica->stub()->Info(&context, v1::InfoRequest(), &info);
-    std::string mismatch;
-    if (status.ok()) {
-      mismatch = ReplicaMismatch(shard->shard_id(), info, agreed ? &*agreed : nullptr);
-      if (mismatch.empty() && !agreed.has_value()) agreed = info;
-    }
-    if (!mismatch.empty() && !replica->mismatched()) {
-      Log(LogLevel::kError, "replica serves something else than the shard map says",
-          {{"shard", shard->shard_id()}, {"replica", replica->address()}, {"error", mismatch}});
-    }
-    const bool healthy = status.ok() && mismatch.empty();
-    if (healthy != replica->healthy() && mismatch.empty()) {
-      Log(healthy ? LogLevel::kInfo : LogLevel::kWarning, healthy ? "replica up" : "replica down",
-          {{"shard", shard->shard_id()},
-           {"replica", replica->address()},
-           {"error", status.error_message()}});
-    }
-    replica->set_mismatched(!mismatch.empty());
-    replica->set_healthy(healthy);
+    answer.status = replica->stub()->Info(&context, v1::InfoRequest(), &answer.info);
   }
-  if (agreed.has_value()) shard->set_info(*std::move(agreed));
+  const int32_t id = shard->shard_id();
+  const std::optional<v1::InfoResponse> previous = shard->info();
+  std::optional<v1::InfoResponse> reference;
+  const auto find_reference = [&](const v1::InfoResponse* against) {
+    for (const Answer& a : answers) {
+      if (a.status.ok() && ReplicaMismatch(id, a.info, against).empty()) {
+        reference = against != nullptr ? *against : a.info;
+        return;
+      }
+    }
+  };
+  if (previous.has_value()) find_reference(&*previous);
+  if (!reference.has_value()) find_reference(nullptr);
+  if (previous.has_value() && reference.has_value()) {
+    if (const std::string change = ReplicaMismatch(id, *reference, &*previous); !change.empty()) {
+      Log(LogLevel::kError, "no replica serves the shard's slice as before: taking a new one",
+          {{"shard", id}, {"error", change}});
+    }
+  }
+  for (const Answer& a : answers) {
+    Replica& replica = *a.replica;
+    if (a.status.ok()) {
+      const std::string mismatch =
+          ReplicaMismatch(id, a.info, reference.has_value() ? &*reference : nullptr);
+      if (!mismatch.empty() && replica.verdict() != Replica::Verdict::kMismatch) {
+        Log(LogLevel::kError, "replica serves something else than the shard map says",
+            {{"shard", id}, {"replica", replica.address()}, {"error", mismatch}});
+      }
+      replica.set_verdict(mismatch.empty() ? Replica::Verdict::kMatches
+                                           : Replica::Verdict::kMismatch);
+    }
+    const bool healthy = a.status.ok() && replica.verdict() == Replica::Verdict::kMatches;
+    if (healthy != replica.healthy() && replica.verdict() != Replica::Verdict::kMismatch) {
+      Log(healthy ? LogLevel::kInfo : LogLevel::kWarning, healthy ? "replica up" : "replica down",
+          {{"shard", id}, {"replica", replica.address()}, {"error", a.status.error_message()}});
+    }
+    replica.set_healthy(healthy);
+  }
+  if (reference.has_value()) shard->set_info(*std::move(reference));
 }
 
 void Router::ProbeOnce() {
@@ -359,15 +395,15 @@ void Router::Update() {
     all_replicated =
         all_replicated && std::any_of(shard->replicas().begin(), shard->replicas().end(),
                                       [](const auto& r) { return r->healthy(); });
+    if (std::all_of(shard->replicas().begin(), shard->replicas().end(),
+                    [](const auto& r) { return r->verdict() == Replica::Verdict::kMismatch; })) {
+      reason = absl::StrCat("no replica of shard ", shard->shard_id(),
+                            " serves it as the shard map lists it");
+      break;
+    }
     std::optional<v1::InfoResponse> info = shard->info();
     if (!info.has_value()) {
-      if (std::all_of(shard->replicas().begin(), shard->replicas().end(),
-                      [](const auto& r) { return r->mismatched(); })) {
-        reason = absl::StrCat("no replica of shard ", shard->shard_id(),
-                              " serves it as the shard map lists it");
-      } else {
-        waiting = absl::StrCat("shard ", shard->shard_id(), " has not answered Info yet");
-      }
+      waiting = absl::StrCat("shard ", shard->shard_id(), " has not answered Info yet");
       break;
     }
     v1::InfoResponse& all = topology->info;
@@ -462,11 +498,12 @@ absl::StatusOr<v1::InfoResponse> Router::Info() const {
 absl::Time Router::ShardDeadline(const SearchCall& call) const {
   const absl::Time now = absl::Now();
   const absl::Time router_deadline = now + options_.max_timeout;
-  if (call.deadline >= router_deadline) return router_deadline;
-  if (!call.query.allow_partial) return call.deadline;
+  if (!call.query.allow_partial || call.deadline == absl::InfiniteFuture()) {
+    return std::min(call.deadline, router_deadline);
+  }
   const absl::Duration reserve =
       std::clamp((call.deadline - now) / 10, absl::ZeroDuration(), absl::Milliseconds(250));
-  return call.deadline - reserve;
+  return std::min(router_deadline, call.deadline - reserve);
 }
 
 std::vector<size_t> Router::Targets(const Topology& topology, const SearchQuery& query) const {

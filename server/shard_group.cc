@@ -81,7 +81,7 @@ Replica* ShardGroup::Pick(const std::vector<Replica*>& exclude) {
   };
   for (size_t i = 0; i < n; ++i) {
     Replica* candidate = replicas_[(start + i) % n].get();
-    if (candidate->mismatched() ||
+    if (candidate->verdict() != Replica::Verdict::kMatches ||
         std::find(exclude.begin(), exclude.end(), candidate) != exclude.end()) {
       continue;
     }

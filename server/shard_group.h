@@ -34,10 +34,11 @@ class Replica {
   absl::Duration ewma_latency() const;
   bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
   void set_healthy(bool healthy) { healthy_.store(healthy, std::memory_order_relaxed); }
-  // Whether its last Info showed another shard or index than the shard map lists it for: then
-  // no call goes to it.
-  bool mismatched() const { return mismatched_.load(std::memory_order_relaxed); }
-  void set_mismatched(bool mismatched) { mismatched_.store(mismatched, std::memory_order_relaxed); }
+  // What its last answered Info showed: unknown before any, then whether it serves what the
+  // shard map lists it for. Calls go only to replicas that match.
+  enum class Verdict { kUnknown, kMatches, kMismatch };
+  Verdict verdict() const { return verdict_.load(std::memory_order_relaxed); }
+  void set_verdict(Verdict verdict) { verdict_.store(verdict, std::memory_order_relaxed); }
 
   void CallStarted();
   // `record_latency`: fold `latency` into the average (answers, and losers cancelled late).
@@ -51,7 +52,7 @@ class Replica {
   std::atomic<int> outstanding_{0};
   std::atomic<int64_t> ewma_nanos_{0};
   std::atomic<bool> healthy_{true};  // optimistic until the first probe says otherwise
-  std::atomic<bool> mismatched_{false};
+  std::atomic<Verdict> verdict_{Verdict::kUnknown};
 };
 
 struct ShardMetrics {
@@ -75,7 +76,8 @@ class ShardGroup {
   const ShardMetrics& metrics() const { return metrics_; }
   LatencyWindow& latency() { return latency_; }
 
-  // The replica to call next, skipping `exclude` and mismatched replicas: healthy before
+  // The replica to call next among those whose Info matched (Replica::verdict), skipping
+  // `exclude`: healthy before
   // unhealthy, then fewest calls in flight, then lowest latency average, then round robin.
   // nullptr when none is left.
   Replica* Pick(const std::vector<Replica*>& exclude);

@@ -97,8 +97,14 @@ void RunSearch(const SearchFlags& f) {
     request.add_subset_groups()->mutable_sentence_ids()->Assign(ids.begin(), ids.end());
     for (int64_t r = 0; r < rows; ++r) request.add_row_group(0);
   }
+  // Limits sized to this call (the flags' ranges bound it): the checks, not a server's budget.
+  RequestLimits limits;
+  limits.max_rows = static_cast<int>(std::max<int64_t>(rows, 1));
+  limits.max_k = std::max(f.params.k, 1);
+  limits.max_subset_sentences = limits.max_total_subset_sentences =
+      std::max<int64_t>(1, engine->info().num_sentences);
   const SearchQuery query =
-      ValueOrExit(ParseSearchRequest(request, engine->info().shape(), RequestLimits()));
+      ValueOrExit(ParseSearchRequest(request, engine->info().shape(), limits));
   const EngineResult result = ValueOrExit(engine->Search(query));
   const Neighbors& n = result.neighbors;
   std::printf("# %lld queries, k %d, %lld vectors searched; per query: rank id value distance\n",
@@ -163,7 +169,7 @@ void RegisterIndexCommands(CLI::App& app) {
   s->add_option("--queries", search->queries, "HDF5 file with /keys [n, d] (e.g. keys.h5)")
       ->required();
   s->add_option("--rows", search->rows, "first rows of --queries to search")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
   s->add_option("--k", search->params.k, "neighbours")
       ->check(CLI::Range(1, 1 << 20))

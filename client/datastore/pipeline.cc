@@ -50,8 +50,10 @@ struct StepSpec {
   std::function<absl::StatusOr<std::string>()> run;
   // Checks an existing output beyond its digest and returns its size (null: the digest's).
   std::function<absl::StatusOr<int64_t>()> verify;
-  // The step replaces its output as a whole only once it succeeded (an index directory, whose
-  // manifest is written last): the old one is not removed before, so a failed rebuild keeps it.
+  // The step replaces its output as a whole only once it succeeded (BuildIndex removes the old
+  // manifest just before it writes the first file and writes the new one last): an output made
+  // with other options of this step (the same inputs) is not removed before, so a rebuild that
+  // fails before writing (bad options) keeps it.
   bool replaced_when_done = false;
 };
 
@@ -96,7 +98,7 @@ class Pipeline {
     upstream_changed_ = true;
     ForgetStepsFrom(name);
     std::error_code ignored;
-    if ((recorded || stale_inputs) && !step.replaced_when_done) fs::remove(path, ignored);
+    if (stale_inputs || (recorded && !step.replaced_when_done)) fs::remove(path, ignored);
     if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
     const absl::Time begin = absl::Now();
     ASSIGN_OR_RETURN(result.detail, step.run());

@@ -65,7 +65,7 @@ struct IvfAdc::Pending {
   double lower;
   float bias;     // its b
   uint32_t id;    // local id
-  uint32_t code;  // its code's m bytes at Row::codes[code]
+  uint32_t code;  // its code's m bytes at Row::codes[code * m] (the row's code-th survivor)
   int probe;      // of its list
 };
 
@@ -559,12 +559,12 @@ void IvfAdc::DeferSurvivors(int probe, int64_t list, const LutQuantization& boun
     const double lower = x_norm + low_cost - Rounding(low_cost, x_norm);
     if (lower > KthBound(k, row)) continue;
     const double high_cost = low_cost + static_cast<double>(bounds.step) * bounds.margin;
-    const size_t code = row.codes.size();
-    row.codes.resize(code + m);
+    const size_t at = row.codes.size();
+    row.codes.resize(at + m);
     adc_internal::CopyLaneCode(blocks + position / kAdcBlock * m, m,
-                               static_cast<int>(position % kAdcBlock), row.codes.data() + code);
+                               static_cast<int>(position % kAdcBlock), row.codes.data() + at);
     row.pending.push_back(
-        {lower, biases[position], ids[position], static_cast<uint32_t>(code), probe});
+        {lower, biases[position], ids[position], static_cast<uint32_t>(at / m), probe});
     OfferUpperBound(x_norm + high_cost + Rounding(high_cost, x_norm), k, row);
   }
 }
@@ -606,8 +606,8 @@ void IvfAdc::RerankPending(int k, Row& row) const {
     if (static_cast<int>(row.heap.size()) >= k && c.lower > row.heap.front().first) {
       break;  // its distance and every later one exceed the k-th found
     }
-    OfferExact(c.id, Distance(row.x_norms[c.probe], c.bias, row.codes.data() + c.code, row.lut), k,
-               row);
+    const uint8_t* code = row.codes.data() + static_cast<size_t>(c.code) * codebook_.m;
+    OfferExact(c.id, Distance(row.x_norms[c.probe], c.bias, code, row.lut), k, row);
   }
   pending.clear();  // those left rank after the k found, which only get nearer
   row.codes.clear();

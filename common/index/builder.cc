@@ -162,6 +162,11 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
                        SubsetQuantizer::Train(*trained, subset_m, sample.view(), options.threads));
     }
   }
+  // From the first file written on, an index this one replaces no longer matches its manifest:
+  // the manifest goes first, so a build that stops half-way leaves no index that claims to be
+  // whole (its files are removed below once the new manifest is written).
+  absl::StatusOr<IndexManifest> previous = ReadManifest(out_dir);
+  std::filesystem::remove(path(kManifestFileName), ec);
 
   IndexManifest manifest;
   manifest.factory = options.factory;
@@ -216,10 +221,9 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
     manifest.shards.push_back(std::move(entry));
   }
   bar.Finish();
-  // The files of an index this one replaces that it does not reuse (a build with fewer shards,
+  // The files of the index this one replaced that it does not reuse (a build with fewer shards,
   // or without subset codes) go once the new manifest is in place: only files the old manifest
   // listed are removed.
-  absl::StatusOr<IndexManifest> previous = ReadManifest(out_dir);
   RETURN_IF_ERROR(WriteManifest(out_dir, manifest).status());
   if (previous.ok()) RemoveFilesNoLongerListed(out_dir, *previous, manifest);
   return manifest;
