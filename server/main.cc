@@ -55,6 +55,18 @@ int Run(const RouterFlags& flags) {
   options.shard_tls_server_name = flags.shard_tls_server_name;
 
   MetricsRegistry metrics;
+  // Metrics first, then the gRPC port, then the probes: a router that cannot listen exits before
+  // it probes (or logs "serving"), and no probe reaches a server that is gone.
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!flags.server.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(flags.server.metrics_listen, &metrics);
+    if (!started.ok()) {
+      Log(LogLevel::kError, "cannot serve metrics", {{"error", started.status().ToString()}});
+      return 1;
+    }
+    metrics_server = *std::move(started);
+  }
   std::atomic<RpcServer*> serving_server{nullptr};
   absl::StatusOr<std::unique_ptr<Router>> router =
       Router::Create(*map, options, &metrics, [&serving_server](bool healthy) {
@@ -74,17 +86,8 @@ int Run(const RouterFlags& flags) {
     return 1;
   }
   serving_server.store(server->get());
-  (*server)->SetServing((*router)->healthy());
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!flags.server.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(flags.server.metrics_listen, &metrics);
-    if (!started.ok()) {
-      Log(LogLevel::kError, "cannot serve metrics", {{"error", started.status().ToString()}});
-      return 1;
-    }
-    metrics_server = *std::move(started);
-  }
+  (*server)->SetServing(false);
+  (*router)->StartProbing();
   Log(LogLevel::kInfo, "listening",
       {{"address", (*server)->address()},
        {"shards", map->size()},

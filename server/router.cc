@@ -297,8 +297,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(const ShardMap& map, Rout
   }
   auto router = absl::WrapUnique(new Router(std::move(options), std::move(shards)));
   router->on_health_ = std::move(on_health);
-  router->prober_ = std::thread([r = router.get()] { r->ProbeLoop(); });
   return router;
+}
+
+void Router::StartProbing() {
+  prober_ = std::thread([this] { ProbeLoop(); });
 }
 
 Router::Router(RouterOptions options, std::vector<std::unique_ptr<ShardGroup>> shards)
@@ -309,7 +312,7 @@ Router::~Router() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  prober_.join();
+  if (prober_.joinable()) prober_.join();
 }
 
 void Router::ProbeLoop() {

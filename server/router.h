@@ -59,6 +59,9 @@ class Router : public SearchBackend {
   static absl::StatusOr<std::unique_ptr<Router>> Create(const ShardMap& map, RouterOptions options,
                                                         MetricsRegistry* metrics,
                                                         std::function<void(bool)> on_health);
+  // Starts probing the shards' replicas (every probe_interval) in a thread of its own: until
+  // then the router knows no topology and is not healthy. REQUIRES: called at most once.
+  void StartProbing();
   ~Router() override;
 
   absl::StatusOr<IndexShape> Shape() const override;

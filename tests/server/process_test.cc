@@ -2,8 +2,11 @@
 // knnserve-router in front of them. Router answers equal an in-process search of the unsharded
 // index (Flat exactly; IVFPQ ids and distances), subset search, SIGTERM drain, and
 // deploy/local/up.sh + down.sh.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -308,6 +311,35 @@ TEST(ProcessTest, ServersRefuseNanAndOutOfRangeFlagsAtStart) {
     EXPECT_NE(std::system(command.c_str()), 0) << command;
     EXPECT_THAT(ReadFile(out), ::testing::HasSubstr(named)) << command;
   }
+}
+
+// A router whose metrics port is taken exits 1 without serving (it crashed: its probes set the
+// health of a server already gone).
+TEST(ProcessTest, ARouterWhoseMetricsPortIsTakenExitsCleanly) {
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(holder, 1), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string dir = testing::FreshTempDir("router_metrics_port").string();
+  std::ofstream(dir + "/shards.txt") << "0 127.0.0.1:1\n";
+  const std::string log = dir + "/router.log";
+  for (int run = 0; run < 3; ++run) {
+    const std::string command = absl::StrCat(
+        "timeout 30 ", Bin("knnserve-router"), " --shards ", dir,
+        "/shards.txt --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:", ntohs(address.sin_port),
+        " > ", log, " 2>&1");
+    const int status = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << ReadFile(log);
+    EXPECT_EQ(WEXITSTATUS(status), 1) << ReadFile(log);
+    EXPECT_THAT(ReadFile(log), ::testing::HasSubstr("cannot serve metrics"));
+    EXPECT_THAT(ReadFile(log), ::testing::Not(::testing::HasSubstr("\"msg\":\"serving\"")));
+  }
+  close(holder);
 }
 
 TEST(ProcessTest, SigtermDrainsAndExitsZero) {

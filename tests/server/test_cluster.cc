@@ -116,6 +116,7 @@ TestRouter::TestRouter(const ShardMap& map, RouterOptions options, TlsFiles tls,
       Router::Create(map, std::move(options), &metrics_, nullptr);
   KNNSERVE_CHECK(router.ok(), std::string(router.status().message()).c_str());
   router_ = *std::move(router);
+  router_->StartProbing();
   service_ = std::make_unique<RetrievalService>(router_.get(), limits, &metrics_);
   RpcServerOptions server_options;
   server_options.tls = std::move(tls);
