@@ -84,6 +84,15 @@ std::string Sha256Hex(absl::string_view data) {
 }
 
 absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(std::string path) {
+  struct stat target;
+  if (::stat(path.c_str(), &target) == 0 && !S_ISREG(target.st_mode)) {
+    if (S_ISDIR(target.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": a directory"));
+    }
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("cannot open", path);
+    return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(std::move(path), "", fd));
+  }
   std::string temp_path = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", temp_path);
@@ -96,7 +105,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, std::string temp_path, int 
 
 AtomicFileWriter::~AtomicFileWriter() {
   if (fd_ >= 0) ::close(fd_);
-  if (!committed_) ::unlink(temp_path_.c_str());
+  if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
 }
 
 absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
@@ -107,7 +116,7 @@ absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
     const ssize_t n = ::write(fd_, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoError("cannot write", temp_path_);
+      return ErrnoError("cannot write", temp_path_.empty() ? path_ : temp_path_);
     }
     p += n;
     left -= static_cast<size_t>(n);
@@ -119,6 +128,13 @@ absl::Status AtomicFileWriter::Append(const void* data, size_t size) {
 
 absl::StatusOr<FileDigest> AtomicFileWriter::Commit() {
   KNNSERVE_CHECK(!committed_ && fd_ >= 0, "Commit called twice");
+  if (temp_path_.empty()) {  // in place: a device or FIFO, nothing to sync or rename
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    committed_ = true;
+    if (rc != 0) return ErrnoError("cannot close", path_);
+    return FileDigest{bytes_, sha_.HexDigest()};
+  }
   if (::fsync(fd_) != 0) return ErrnoError("cannot fsync", temp_path_);
   const int rc = ::close(fd_);
   fd_ = -1;

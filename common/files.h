@@ -44,7 +44,9 @@ struct FileDigest {
 
 // Writes a file atomically: Append() goes to "<path>.tmp.<pid>", Commit() fsyncs it, renames it
 // to `path` and fsyncs the directory. Destroying an uncommitted writer removes the temporary
-// file. Thread-compatible.
+// file. A `path` that exists and is not a regular file (a device such as /dev/null or /dev/full,
+// a FIFO) is written in place instead: renaming over it would replace it with a file. A
+// directory is refused. Thread-compatible.
 class AtomicFileWriter {
  public:
   static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Create(std::string path);
@@ -61,7 +63,7 @@ class AtomicFileWriter {
   AtomicFileWriter(std::string path, std::string temp_path, int fd);
 
   const std::string path_;
-  const std::string temp_path_;
+  const std::string temp_path_;  // empty when writing in place
   int fd_;
   bool committed_ = false;
   int64_t bytes_ = 0;

@@ -5,6 +5,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace knnserve::cli {
 
@@ -23,6 +24,12 @@ void RegisterDatastoreCommands(CLI::App& app);
 // Prints a failed status as "error: <message>" and ends the command with exit code 1 (a
 // CLI::RuntimeError that CLI11_PARSE turns into the exit code). Does nothing for OK.
 void ExitOnError(const absl::Status& status);
+// The value, or ExitOnError(its status).
+template <typename T>
+T ValueOrExit(absl::StatusOr<T> value) {
+  ExitOnError(value.status());
+  return *std::move(value);
+}
 // libgomp reads OMP_WAIT_POLICY when it is loaded, before main(): commands that run OpenMP
 // work can only advise setting it (prints a note when it is unset).
 void AdviseWaitPolicy();

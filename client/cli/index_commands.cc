@@ -20,12 +20,6 @@
 namespace knnserve::cli {
 namespace {
 
-template <typename T>
-T ValueOrExit(absl::StatusOr<T> value) {
-  ExitOnError(value.status());
-  return *std::move(value);
-}
-
 Metric ParseMetric(const std::string& name) {
   if (name == "l2" || name == "L2") return Metric::kL2;
   if (name == "ip" || name == "inner_product") return Metric::kInnerProduct;

@@ -29,6 +29,7 @@
 #include "client/model/checkpoint.h"
 #include "client/tokenizer/tokenizer.h"
 #include "common/cli_checks.h"
+#include "common/files.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -308,6 +309,18 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   // sets its own count per call).
   at::set_num_threads(plan.model_threads);
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
+  if (flags.print_neighbors && flags.retrieval.mode == "base") {
+    ExitOnError(absl::InvalidArgumentError("--print-neighbors needs --mode knn or subset-knn"));
+  }
+  // The output files are created before anything loads: a path that cannot be written fails
+  // now, not after the translation. Each is published whole at the end (or written in place
+  // when it is a device).
+  std::unique_ptr<AtomicFileWriter> output_file;
+  if (flags.output != "-") output_file = ValueOrExit(AtomicFileWriter::Create(flags.output));
+  std::unique_ptr<AtomicFileWriter> stats_file;
+  if (!flags.stats_json.empty()) {
+    stats_file = ValueOrExit(AtomicFileWriter::Create(flags.stats_json));
+  }
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
   absl::StatusOr<KnnSetup> knn =
@@ -323,14 +336,17 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
       Translate(*translator, *sources, flags.search, flags.batch_size, *knn, &report, &progress);
   ExitOnError(hyps.status());
   progress.Finish();
-  std::ofstream file;
-  if (flags.output != "-") {
-    file.open(flags.output);
-    if (!file) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", flags.output)));
+  std::string text;
+  for (const std::string& line : *hyps) absl::StrAppend(&text, line, "\n");
+  if (output_file != nullptr) {
+    ExitOnError(output_file->Append(text));
+    ExitOnError(output_file->Commit().status());
+  } else {
+    std::cout << text << std::flush;
+    if (!std::cout) {
+      ExitOnError(absl::DataLossError("cannot write the translations to standard output"));
+    }
   }
-  std::ostream& out = flags.output == "-" ? std::cout : file;
-  for (const std::string& line : *hyps) out << line << "\n";
-  out.flush();
   std::string threads = absl::StrCat(flags.threads, " threads: model ", plan.model_threads);
   if (knn->retriever != nullptr && flags.retrieval.router.empty()) {
     absl::StrAppend(&threads, ", search ", plan.search_threads,
@@ -353,14 +369,10 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
         {"knn_topk", flags.retrieval.knn.k},
         {"knn_temperature", flags.retrieval.knn.temperature},
         {"knn_weight", flags.retrieval.knn.weight}};
-    std::ofstream stats(flags.stats_json);
-    stats << json.dump(2) << "\n";
-    if (!stats) ExitOnError(absl::NotFoundError(absl::StrCat("cannot write ", flags.stats_json)));
+    ExitOnError(stats_file->Append(json.dump(2) + "\n"));
+    ExitOnError(stats_file->Commit().status());
   }
   if (flags.print_neighbors) {
-    if (knn->processor == nullptr) {
-      ExitOnError(absl::InvalidArgumentError("--print-neighbors needs --mode knn or subset-knn"));
-    }
     absl::StatusOr<std::unique_ptr<knn::ProvenancePrinter>> printer =
         knn::ProvenancePrinter::Create(
             flags.retrieval.datastore.empty() ? "" : flags.retrieval.datastore + "/values.h5");
@@ -497,7 +509,7 @@ void RunTune(TuneFlags& flags) {
                          {"dev_sentences", sources->size()},
                          {"mode", flags.retrieval.mode},
                          {"beam", flags.beam}};
-  ExitOnError(model::WriteFileAtomically(flags.out, json.dump(2) + "\n"));
+  ExitOnError(WriteFileAtomically(flags.out, json.dump(2) + "\n").status());
   std::fprintf(stderr, "tune: best k=%d temperature=%g weight=%g BLEU %.2f (base %.2f) -> %s\n",
                best.knn.k, best.knn.temperature, best.knn.weight, best.bleu, base_bleu,
                flags.out.c_str());

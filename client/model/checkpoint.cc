@@ -1,9 +1,5 @@
 #include "client/model/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 
 namespace knnserve::model {
@@ -23,20 +20,6 @@ c10::impl::GenericDict MakeStringDict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
 }
 using TensorDict = c10::Dict<std::string, at::Tensor>;
-
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status SyncDirectory(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return ErrnoError("cannot open directory", dir);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  return rc == 0 ? absl::OkStatus() : ErrnoError("cannot fsync directory", dir);
-}
 
 torch::Tensor BytesToTensor(const std::string& bytes) {
   torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
@@ -90,9 +73,8 @@ absl::Status CopyParameters(TransformerModel& model,
     }
     if (it->second.sizes() != param.sizes()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint parameter ", name, " has shape ",
-                       c10::str(it->second.sizes()), ", the model expects ",
-                       c10::str(param.sizes())));
+          absl::StrCat("checkpoint parameter ", name, " has shape ", c10::str(it->second.sizes()),
+                       ", the model expects ", c10::str(param.sizes())));
     }
     param.copy_(it->second.to(torch::kFloat));
     used.insert(name);
@@ -107,14 +89,15 @@ absl::Status CopyParameters(TransformerModel& model,
 }
 
 absl::StatusOr<std::vector<std::string>> StringList(const c10::IValue& value,
-                                                   absl::string_view what) {
+                                                    absl::string_view what) {
   if (!value.isList()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: '", what, "' is not a list"));
   }
   std::vector<std::string> out;
   for (const c10::IValue& item : value.toListRef()) {
     if (!item.isString()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint: '", what, "' holds a non-string"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint: '", what, "' holds a non-string"));
     }
     out.push_back(item.toStringRef());
   }
@@ -157,7 +140,8 @@ absl::StatusOr<LoadedModel> Parse(const c10::IValue& root) {
   }
   ASSIGN_OR_RETURN(c10::IValue config_json, Get(dict, "config"));
   if (!config_json.isString()) return absl::InvalidArgumentError("checkpoint config not a string");
-  ASSIGN_OR_RETURN(TransformerConfig config, TransformerConfig::FromJson(config_json.toStringRef()));
+  ASSIGN_OR_RETURN(TransformerConfig config,
+                   TransformerConfig::FromJson(config_json.toStringRef()));
 
   LoadedModel loaded;
   loaded.model = TransformerModel(config);
@@ -192,35 +176,6 @@ absl::StatusOr<LoadedModel> Parse(const c10::IValue& root) {
 
 }  // namespace
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return ErrnoError("cannot create", tmp);
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status status = ErrnoError("cannot write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return status;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    absl::Status status = ErrnoError("cannot fsync/close", tmp);
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status status = ErrnoError("cannot rename into", path);
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return SyncDirectory(path);
-}
-
 absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
                             const std::string& tokenizer, const TrainerState* trainer,
                             torch::Dtype dtype, const Vocabulary& vocab) {
@@ -246,9 +201,10 @@ absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
       root.insert("trainer", trainer_dict);
     }
     const std::vector<char> bytes = torch::pickle_save(c10::IValue(root));
-    return WriteFileAtomically(path, std::string(bytes.begin(), bytes.end()));
+    return WriteFileAtomically(path, absl::string_view(bytes.data(), bytes.size())).status();
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("saving checkpoint ", path, ": ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("saving checkpoint ", path, ": ", e.what_without_backtrace()));
   }
 }
 

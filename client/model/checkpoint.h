@@ -53,9 +53,6 @@ absl::Status SaveCheckpoint(const std::string& path, TransformerModel& model,
 // unknown parameter may be present (the error names it).
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& path);
 
-// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
-
 }  // namespace knnserve::model
 
 #endif  // KNNSERVE_CLIENT_MODEL_CHECKPOINT_H_

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/files.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,9 +23,7 @@ using ::testing::HasSubstr;
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = testing::FreshTempDir("checkpoint_test");
-  }
+  void SetUp() override { dir_ = testing::FreshTempDir("checkpoint_test"); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -86,16 +85,17 @@ TEST_F(CheckpointTest, ParameterOfAnotherArchitectureIsRejectedByName) {
   c10::impl::GenericDict root = torch::pickle_load(bytes).toGenericDict();
   root.insert_or_assign("config", TinyModel()->config().ToJson());
   std::vector<char> edited = torch::pickle_save(c10::IValue(root));
-  ASSERT_OK(WriteFileAtomically(Path("edited.pt"), std::string(edited.begin(), edited.end())));
-  EXPECT_THAT(LoadCheckpoint(Path("edited.pt")),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("decoder.embed_tokens.weight")));
+  ASSERT_OK(
+      WriteFileAtomically(Path("edited.pt"), std::string(edited.begin(), edited.end())).status());
+  EXPECT_THAT(
+      LoadCheckpoint(Path("edited.pt")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decoder.embed_tokens.weight")));
 }
 
 TEST_F(CheckpointTest, MissingAndForeignFilesGiveClearErrors) {
   EXPECT_THAT(LoadCheckpoint(Path("nope.pt")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope.pt")));
-  ASSERT_OK(WriteFileAtomically(Path("junk.pt"), "not a checkpoint"));
+  ASSERT_OK(WriteFileAtomically(Path("junk.pt"), "not a checkpoint").status());
   EXPECT_THAT(LoadCheckpoint(Path("junk.pt")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("junk.pt")));
 }

@@ -77,6 +77,21 @@ TEST(Files, AFullDiskFailsTheAtomicWriteAndKeepsTheOldFile) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);  // no temp left
 }
 
+// Renaming a temporary file over a device would replace the device with a file: devices are
+// written in place, and their errors (a full /dev/full) are reported.
+TEST(Files, ADeviceIsWrittenInPlaceAndADirectoryIsRefused) {
+  ASSERT_OK(WriteFileAtomically("/dev/null", "discarded").status());
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+  if (std::filesystem::exists("/dev/full")) {
+    EXPECT_THAT(WriteFileAtomically("/dev/full", "x").status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("/dev/full")));
+    EXPECT_TRUE(std::filesystem::is_character_file("/dev/full"));
+  }
+  const std::string dir = FreshTempDir("write_dir").string();
+  EXPECT_THAT(WriteFileAtomically(dir, "x").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a directory")));
+}
+
 TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
   const std::string dir = FreshTempDir("verify").string();
   ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/c.bin", "content"));
