@@ -9,11 +9,14 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "client/cli/commands.h"
 #include "client/data/parallel_corpus.h"
@@ -83,7 +86,7 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
   cmd->add_option("--router", f->router, "remote retrieval: router address host:port")
       ->check(HostPort());
   cmd->add_option("--knn-topk", f->knn.k, "neighbours per step (k)")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(CLI::Range(1, RequestLimits().max_k))
       ->capture_default_str();
   cmd->add_option("--knn-temperature", f->knn.temperature, "softmax temperature τ")
       ->check(FiniteRange(1e-30, 1e30))
@@ -102,7 +105,7 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
                   "k/τ/λ from `knnserve tune` (JSON); explicit --knn-* flags win");
   cmd->add_option("--subset-sentences", f->subset_sentences,
                   "subset-knn: datastore sentences retrieved per source sentence")
-      ->check(CLI::Range(1, 1 << 30))
+      ->check(CLI::Range(1, RequestLimits().max_k))
       ->capture_default_str();
   cmd->add_option("--sentence-index", f->sentence_index,
                   "subset-knn: sentence index directory (default: DATASTORE/sentence_index)");
@@ -114,7 +117,9 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
   cmd->add_option("--step-deadline-ms", f->step_deadline_ms, "remote: deadline of one step")
       ->check(CLI::Range(int64_t{1}, int64_t{86'400'000}))
       ->capture_default_str();
-  cmd->add_option("--retries", f->remote.max_retries, "remote: retries of a failed step")
+  cmd->add_option(
+         "--retries", f->remote.max_retries,
+         "remote: retries of a failed step (100 ms apart, doubling up to 2 s: 6 wait 5.1 s)")
       ->check(CLI::Range(0, 100))
       ->capture_default_str();
 }
@@ -128,18 +133,49 @@ absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": not a JSON object"));
   }
-  try {
-    if (cmd.count("--knn-topk") == 0 && json.contains("knn_topk")) {
-      f.knn.k = json["knn_topk"].get<int>();
+  // What the file sets (each unless its flag was given) and what `knnserve tune` records beside
+  // it; any other field is refused (a misspelt one would silently leave a default).
+  const auto integer = [&](const nlohmann::json& v, const std::string& key, int64_t min,
+                           int64_t max, auto& out) -> absl::Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max) {
+      return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": ", key, " = ", v.dump(),
+                                                     " is not an integer in [", min, ", ", max,
+                                                     "]"));
     }
-    if (cmd.count("--knn-temperature") == 0 && json.contains("knn_temperature")) {
-      f.knn.temperature = json["knn_temperature"].get<double>();
+    out = static_cast<std::remove_reference_t<decltype(out)>>(v.get<int64_t>());
+    return absl::OkStatus();
+  };
+  const auto number = [&](const nlohmann::json& v, const std::string& key,
+                          double& out) -> absl::Status {
+    if (!v.is_number()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.knn_config, ": ", key, " = ", v.dump(), " is not a number"));
     }
-    if (cmd.count("--knn-weight") == 0 && json.contains("knn_weight")) {
-      f.knn.weight = json["knn_weight"].get<double>();
+    out = v.get<double>();
+    return absl::OkStatus();
+  };
+  for (const auto& [key, value] : json.items()) {
+    // knn_topk -> --knn-topk; only the knn_ fields have flags.
+    const bool flag_given =
+        absl::StartsWith(key, "knn_") &&
+        cmd.get_option_no_throw("--" + absl::StrReplaceAll(key, {{"_", "-"}})) &&
+        cmd.count("--" + absl::StrReplaceAll(key, {{"_", "-"}})) > 0;
+    if (key == "knn_topk") {
+      if (!flag_given) RETURN_IF_ERROR(integer(value, key, 1, RequestLimits().max_k, f.knn.k));
+    } else if (key == "knn_nprobe") {
+      if (!flag_given) RETURN_IF_ERROR(integer(value, key, 0, 1 << 24, f.knn.nprobe));
+    } else if (key == "knn_temperature") {
+      if (!flag_given) RETURN_IF_ERROR(number(value, key, f.knn.temperature));
+    } else if (key == "knn_weight") {
+      if (!flag_given) RETURN_IF_ERROR(number(value, key, f.knn.weight));
+    } else if (key == "knn_threshold") {
+      if (!flag_given) RETURN_IF_ERROR(number(value, key, f.knn.threshold));
+    } else if (key != "dev" && key != "dev_bleu" && key != "dev_base_bleu" &&
+               key != "dev_sentences" && key != "mode" && key != "beam") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.knn_config, ": unknown field \"", key,
+          "\" (it sets knn_topk, knn_temperature, knn_weight, knn_nprobe, knn_threshold)"));
     }
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -503,6 +539,8 @@ void RunTune(TuneFlags& flags) {
   nlohmann::json json = {{"knn_topk", best.knn.k},
                          {"knn_temperature", best.knn.temperature},
                          {"knn_weight", best.knn.weight},
+                         {"knn_nprobe", best.knn.nprobe},
+                         {"knn_threshold", best.knn.threshold},
                          {"dev_bleu", best.bleu},
                          {"dev_base_bleu", base_bleu},
                          {"dev", flags.dev},

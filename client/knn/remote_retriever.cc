@@ -1,5 +1,6 @@
 #include "client/knn/remote_retriever.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -118,7 +119,7 @@ class RemoteSession : public RetrievalSession {
       }
       ++retries_;
       absl::SleepFor(backoff);
-      backoff *= 2;
+      backoff = std::min(backoff * 2, options_->max_retry_backoff);
     }
   }
 

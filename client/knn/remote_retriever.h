@@ -5,7 +5,9 @@
 //
 // Failures: a step that takes longer than step_deadline cancels the stream; a broken stream
 // (UNAVAILABLE, cancelled by the step deadline, router restart) is reopened, the setup re-sent
-// and the step retried, up to max_retries times with doubling backoff. A step answered with a
+// and the step retried, up to max_retries times with doubling backoff (up to
+// max_retry_backoff): the defaults wait 5.1 s in all, time for a restarted router to come back.
+// A step answered with a
 // non-transient error (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) fails at once, naming it.
 #ifndef KNNSERVE_CLIENT_KNN_REMOTE_RETRIEVER_H_
 #define KNNSERVE_CLIENT_KNN_REMOTE_RETRIEVER_H_
@@ -27,8 +29,9 @@ struct RemoteRetrieverOptions {
   std::string tls_server_name;  // name the server certificate must carry ("" = the host)
   absl::Duration connect_timeout = absl::Seconds(30);  // first Info call
   absl::Duration step_deadline = absl::Seconds(10);    // one decoding step, retries excluded
-  int max_retries = 3;
+  int max_retries = 6;
   absl::Duration retry_backoff = absl::Milliseconds(100);  // doubled after each retry
+  absl::Duration max_retry_backoff = absl::Seconds(2);
   bool allow_partial = false;  // accept answers that miss shards (Coverage says what)
   bool fp16_queries = false;   // send queries as fp16 (half the bytes, rounded features)
 };
