@@ -480,9 +480,44 @@ struct TunePoint {
   double bleu = 0;
 };
 
-void RunTune(TuneFlags& flags) {
+// What tune's flags may not say, checked before anything loads: it chooses k, τ and λ itself,
+// over the grids, in a kNN mode.
+absl::Status CheckTuneFlags(const CLI::App& cmd, const TuneFlags& flags) {
+  if (flags.retrieval.mode == "base") {
+    return absl::InvalidArgumentError("tune needs --mode knn or subset-knn");
+  }
+  for (const char* chosen : {"--knn-topk", "--knn-temperature", "--knn-weight", "--knn-config"}) {
+    if (cmd.count(chosen) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(chosen,
+                       " does not apply to tune: it tries --grid-topk x --grid-temperature x "
+                       "--grid-weight"));
+    }
+  }
+  for (const int k : flags.topk) {
+    for (const double t : flags.temperature) {
+      for (const double w : flags.weight) {
+        knn::KnnOptions options = flags.retrieval.knn;
+        options.k = k;
+        options.temperature = t;
+        options.weight = w;
+        if (absl::Status s = knn::ValidateKnnOptions(options); !s.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("grid k=", k, " temperature=", t, " weight=", w, ": ", s.message()));
+        }
+        if (k > RequestLimits().max_k) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--grid-topk ", k, " exceeds ", RequestLimits().max_k));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RunTune(const CLI::App& cmd, TuneFlags& flags) {
   KeepFreedMemory();
-  if (flags.retrieval.mode == "base") flags.retrieval.mode = "knn";
+  ExitOnError(CheckTuneFlags(cmd, flags));
   const knn::ThreadPlan plan =
       PlanThreads(flags.retrieval, flags.threads, flags.batch_size * flags.beam);
   at::set_num_threads(plan.model_threads);
@@ -580,7 +615,8 @@ void RegisterTune(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads)->check(CLI::Range(1, 1024))->capture_default_str();
-  cmd->callback([flags] { RunTune(*flags); });
+  cmd->get_option("--mode")->default_val("knn");
+  cmd->callback([cmd, flags] { RunTune(*cmd, *flags); });
 }
 
 }  // namespace
