@@ -449,8 +449,11 @@ void RegisterTranslate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", flags->threads)->check(CLI::Range(1, 1024))->capture_default_str();
   AddRetrievalFlags(cmd, &flags->retrieval);
-  cmd->add_flag("--print-neighbors", flags->print_neighbors,
-                "print, per output token, the retrieved datastore sentences (stderr)");
+  cmd->add_flag(
+      "--print-neighbors", flags->print_neighbors,
+      "print, per output token, its nearest datastore tokens (stderr): stored sentence, its "
+      "1-based line in the datastore corpus, position; from a full search, also in "
+      "subset-knn mode");
   cmd->add_option("--print-neighbors-k", flags->print_neighbors_k, "neighbours printed per token")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/decode/search.h"
-#include "common/datastore/hdf5_datastore.h"
+#include "common/datastore/values_file.h"
 #include "common/status_macros.h"
 
 namespace knnserve::knn {
@@ -15,13 +15,14 @@ namespace knnserve::knn {
 absl::StatusOr<std::unique_ptr<ProvenancePrinter>> ProvenancePrinter::Create(
     const std::string& values_path) {
   std::vector<int64_t> offsets;
+  std::vector<int64_t> lines;
   if (!values_path.empty()) {
-    // Only the sentence offsets are needed: the tokens stay on disk.
-    ASSIGN_OR_RETURN(const std::unique_ptr<Hdf5ValueSource> values,
-                     Hdf5ValueSource::Open(values_path));
-    offsets.assign(values->offsets().begin(), values->offsets().end());
+    // Only the sentence offsets and corpus lines are needed: the tokens stay on disk.
+    ASSIGN_OR_RETURN(const std::unique_ptr<ValuesReader> values, ValuesReader::Open(values_path));
+    offsets = values->offsets(ValuesSide::kTarget);
+    lines = values->order();
   }
-  return absl::WrapUnique(new ProvenancePrinter(std::move(offsets)));
+  return absl::WrapUnique(new ProvenancePrinter(std::move(offsets), std::move(lines)));
 }
 
 absl::StatusOr<std::string> ProvenancePrinter::Explain(
@@ -63,7 +64,9 @@ absl::StatusOr<std::string> ProvenancePrinter::Explain(
       if (!offsets_.empty()) {
         const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), id);
         const int64_t sentence = (it - offsets_.begin()) - 1;
-        where = absl::StrCat("s=", sentence, ":", id - offsets_[sentence]);
+        // The stored sentence (the id subset searches name) and its corpus line, 1-based.
+        where = absl::StrCat("s=", sentence, " line=", lines_[sentence] + 1, ":",
+                             id - offsets_[sentence]);
       }
       absl::StrAppendFormat(&text, "\t[%s %s d=%.3g]", where,
                             tokenizer.IdToPiece(neighbors.values[i]), neighbors.distances[i]);

@@ -19,8 +19,9 @@ namespace knnserve::knn {
 // Thread-compatible.
 class ProvenancePrinter {
  public:
-  // `values_path`: the datastore's values.h5, to map global token ids to sentence:position;
-  // empty prints global token ids only.
+  // `values_path`: the datastore's values.h5, to map global token ids to the stored sentence
+  // (length-sorted; the id subset searches name), its line in the datastore corpus (1-based) and
+  // the position in it: "s=56049 line=6105:0"; empty prints global token ids only.
   static absl::StatusOr<std::unique_ptr<ProvenancePrinter>> Create(const std::string& values_path);
 
   // One line per token of `hypothesis` (re-encoded with `tokenizer`, plus EOS): the token and
@@ -31,9 +32,11 @@ class ProvenancePrinter {
                                       KnnLogitsProcessor& processor, int print_k) const;
 
  private:
-  explicit ProvenancePrinter(std::vector<int64_t> offsets) : offsets_(std::move(offsets)) {}
+  ProvenancePrinter(std::vector<int64_t> offsets, std::vector<int64_t> lines)
+      : offsets_(std::move(offsets)), lines_(std::move(lines)) {}
 
   const std::vector<int64_t> offsets_;  // sentence s = tokens [offsets[s], offsets[s + 1])
+  const std::vector<int64_t> lines_;    // sentence s = corpus line lines_[s] (0-based)
 };
 
 }  // namespace knnserve::knn
