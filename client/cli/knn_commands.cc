@@ -372,6 +372,14 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
       Translate(*translator, *sources, flags.search, flags.batch_size, *knn, &report, &progress);
   ExitOnError(hyps.status());
   progress.Finish();
+  if (report.stats.cut_sources > 0) {
+    std::fprintf(
+        stderr,
+        "note: %lld input lines were longer than the model reads (%lld tokens): only "
+        "their beginning was translated\n",
+        static_cast<long long>(report.stats.cut_sources),
+        static_cast<long long>(translator->loaded.model->config().max_source_positions - 1));
+  }
   std::string text;
   for (const std::string& line : *hyps) absl::StrAppend(&text, line, "\n");
   if (output_file != nullptr) {

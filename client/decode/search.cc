@@ -339,12 +339,16 @@ torch::Tensor PadBatch(const std::vector<const std::vector<int>*>& rows, int64_t
 
 absl::StatusOr<std::vector<std::vector<int>>> EncodeAll(const Tokenizer& tokenizer,
                                                         const std::vector<std::string>& texts,
-                                                        int64_t max_len, int64_t eos_id) {
+                                                        int64_t max_len, int64_t eos_id,
+                                                        int64_t* cut = nullptr) {
   std::vector<std::vector<int>> encoded;
   encoded.reserve(texts.size());
   for (const std::string& text : texts) {
     ASSIGN_OR_RETURN(std::vector<int> ids, tokenizer.Encode(text));
-    if (static_cast<int64_t>(ids.size()) >= max_len) ids.resize(max_len - 1);
+    if (static_cast<int64_t>(ids.size()) >= max_len) {
+      ids.resize(max_len - 1);
+      if (cut != nullptr) ++*cut;
+    }
     ids.push_back(static_cast<int>(eos_id));
     encoded.push_back(std::move(ids));
   }
@@ -458,8 +462,9 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
   if (batch_size < 1) return absl::InvalidArgumentError("batch size must be >= 1");
   RETURN_IF_ERROR(ValidateSearchOptions(options));
   const model::TransformerConfig& config = model->config();
-  ASSIGN_OR_RETURN(auto encoded,
-                   EncodeAll(tokenizer, texts, config.max_source_positions, config.eos_id));
+  TranslateStats local;
+  ASSIGN_OR_RETURN(auto encoded, EncodeAll(tokenizer, texts, config.max_source_positions,
+                                           config.eos_id, &local.cut_sources));
   // An empty (or blank) line translates to an empty line: the model would make up a sentence.
   std::vector<size_t> order;
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -490,7 +495,6 @@ absl::StatusOr<std::vector<std::string>> TranslateTexts(model::TransformerModel&
     }
   }
   std::vector<std::string> output(texts.size());
-  TranslateStats local;
   for (size_t i = 0; i < best.size(); ++i) {
     ASSIGN_OR_RETURN(output[order[i]], tokenizer.Decode(best[i]));
     local.generated_tokens += static_cast<int64_t>(best[i].size());

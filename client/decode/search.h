@@ -103,6 +103,9 @@ absl::StatusOr<torch::Tensor> EncodeSources(const Tokenizer& tokenizer,
 struct TranslateStats {
   int64_t sentences = 0;
   int64_t generated_tokens = 0;  // subword tokens of the best hypotheses, without EOS
+  // Sources longer than the model reads: only their first max_source_positions - 1 tokens (and
+  // EOS) were translated.
+  int64_t cut_sources = 0;
 };
 
 // Translates texts in length-sorted batches of `batch_size` (greedy when beam_size == 1) and
