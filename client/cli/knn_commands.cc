@@ -256,8 +256,16 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
     }
     // The selection runs on the processors' workers, beside the model when searches do.
     const int select_threads = plan.overlap ? plan.search_threads : threads;
-    ASSIGN_OR_RETURN(setup.selector, knn::SentenceIndexSelector::Load(path, flags.subset_sentences,
-                                                                      select_threads));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<knn::SentenceIndexSelector> selector,
+        knn::SentenceIndexSelector::Load(path, flags.subset_sentences, select_threads));
+    if (selector->num_sentences() != setup.retriever->info().num_sentences) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sentence index ", path, " holds ", selector->num_sentences(),
+                       " embeddings, the datastore's index ", setup.retriever->info().num_sentences,
+                       " sentences: it is not that datastore's sentence index"));
+    }
+    setup.selector = std::move(selector);
   }
   setup.interleave = plan.interleave;
   RETURN_IF_ERROR(ResetProcessor(flags.knn, setup));

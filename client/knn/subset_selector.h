@@ -31,6 +31,9 @@ class SentenceIndexSelector : public SubsetSelector {
   absl::StatusOr<SubsetGroups> Select(const torch::Tensor& src_tokens,
                                       const model::EncoderOutput& encoder_out) override;
 
+  // Sentences the index holds (one embedding each).
+  int64_t num_sentences() const { return index_->info().total_vectors; }
+
  private:
   SentenceIndexSelector(std::unique_ptr<SearchEngine> index, int n)
       : index_(std::move(index)), n_(n) {}
