@@ -57,15 +57,11 @@ int Run(const RouterFlags& flags) {
   MetricsRegistry metrics;
   // Metrics first, then the gRPC port, then the probes: a router that cannot listen exits before
   // it probes (or logs "serving"), and no probe reaches a server that is gone.
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!flags.server.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(flags.server.metrics_listen, &metrics);
-    if (!started.ok()) {
-      Log(LogLevel::kError, "cannot serve metrics", {{"error", started.status().ToString()}});
-      return 1;
-    }
-    metrics_server = *std::move(started);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
+      MetricsHttpServer::StartUnlessEmpty(flags.server.metrics_listen, &metrics);
+  if (!metrics_server.ok()) {
+    Log(LogLevel::kError, "cannot serve metrics", {{"error", metrics_server.status().ToString()}});
+    return 1;
   }
   std::atomic<RpcServer*> serving_server{nullptr};
   absl::StatusOr<std::unique_ptr<Router>> router =
@@ -91,7 +87,7 @@ int Run(const RouterFlags& flags) {
   Log(LogLevel::kInfo, "listening",
       {{"address", (*server)->address()},
        {"shards", map->size()},
-       {"metrics_port", metrics_server ? metrics_server->port() : 0}});
+       {"metrics_port", *metrics_server != nullptr ? (*metrics_server)->port() : 0}});
   const int signal = WaitForTerminationSignal();
   Log(LogLevel::kInfo, "draining", {{"signal", signal}});
   serving_server.store(nullptr);

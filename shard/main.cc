@@ -70,20 +70,16 @@ int Run(const ShardFlags& flags) {
     Log(LogLevel::kError, "cannot serve", {{"error", server.status().ToString()}});
     return 1;
   }
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!flags.server.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(flags.server.metrics_listen, &metrics);
-    if (!started.ok()) {
-      Log(LogLevel::kError, "cannot serve metrics", {{"error", started.status().ToString()}});
-      return 1;
-    }
-    metrics_server = *std::move(started);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
+      MetricsHttpServer::StartUnlessEmpty(flags.server.metrics_listen, &metrics);
+  if (!metrics_server.ok()) {
+    Log(LogLevel::kError, "cannot serve metrics", {{"error", metrics_server.status().ToString()}});
+    return 1;
   }
   Log(LogLevel::kInfo, "listening",
       {{"address", (*server)->address()},
        {"shard", flags.shard_id},
-       {"metrics_port", metrics_server ? metrics_server->port() : 0}});
+       {"metrics_port", *metrics_server != nullptr ? (*metrics_server)->port() : 0}});
 
   bool load_failed = false;
   std::thread loader([&] {

@@ -73,6 +73,12 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       new MetricsHttpServer(fd, ntohs(bound.sin_port), registry));
 }
 
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::StartUnlessEmpty(
+    const std::string& address, const MetricsRegistry* registry) {
+  if (address.empty()) return std::unique_ptr<MetricsHttpServer>();
+  return Start(address, registry);
+}
+
 MetricsHttpServer::MetricsHttpServer(int listen_fd, int port, const MetricsRegistry* registry)
     : listen_fd_(listen_fd), port_(port), registry_(registry), thread_([this] { Serve(); }) {}
 

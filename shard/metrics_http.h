@@ -21,6 +21,9 @@ class MetricsHttpServer {
   // server.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& address,
                                                                   const MetricsRegistry* registry);
+  // Start, or nullptr when `address` is empty (metrics off).
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartUnlessEmpty(
+      const std::string& address, const MetricsRegistry* registry);
   ~MetricsHttpServer();
 
   int port() const { return port_; }
