@@ -542,12 +542,17 @@ void RunTune(const CLI::App& cmd, TuneFlags& flags) {
   at::set_num_threads(plan.model_threads);
   absl::StatusOr<LoadedTranslator> translator = LoadTranslator(flags.model);
   ExitOnError(translator.status());
+  // Exactly source<TAB>reference on every line (a line without a reference would score 0).
+  absl::StatusOr<std::vector<data::SentencePair>> pairs = data::ReadTsv(flags.dev);
+  ExitOnError(pairs.status());
+  if (pairs->empty()) {
+    ExitOnError(absl::InvalidArgumentError(absl::StrCat(flags.dev, ": no dev sentences")));
+  }
   std::vector<std::string> refs;
-  absl::StatusOr<std::vector<std::string>> sources = data::ReadSources(flags.dev, &refs);
-  ExitOnError(sources.status());
-  if (refs.empty() || refs.size() != sources->size()) {
-    ExitOnError(absl::InvalidArgumentError(
-        absl::StrCat(flags.dev, ": --dev must be a TSV with references")));
+  absl::StatusOr<std::vector<std::string>> sources = std::vector<std::string>();
+  for (data::SentencePair& pair : *pairs) {
+    sources->push_back(std::move(pair.source));
+    refs.push_back(std::move(pair.target));
   }
   if (flags.sentences > 0 && static_cast<size_t>(flags.sentences) < sources->size()) {
     sources->resize(flags.sentences);  // the first N: a fixed, reproducible slice
