@@ -80,6 +80,20 @@ void RequestLimits::ToProto(int dim, v1::Limits* limits) const {
   limits->set_max_message_bytes(MaxMessageBytes(dim));
 }
 
+void NarrowLimits(const v1::Limits& other, v1::Limits* limits) {
+  const auto narrow = [](auto theirs, auto ours) {
+    if (theirs <= 0) return ours;
+    return ours <= 0 ? theirs : std::min(ours, theirs);
+  };
+  limits->set_max_k(narrow(other.max_k(), limits->max_k()));
+  limits->set_max_rows(narrow(other.max_rows(), limits->max_rows()));
+  limits->set_max_subset_sentences(
+      narrow(other.max_subset_sentences(), limits->max_subset_sentences()));
+  limits->set_max_total_subset_sentences(
+      narrow(other.max_total_subset_sentences(), limits->max_total_subset_sentences()));
+  limits->set_max_message_bytes(narrow(other.max_message_bytes(), limits->max_message_bytes()));
+}
+
 absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits) {
   if (params.k() < 1 || params.k() > limits.max_k) {
     return absl::InvalidArgumentError(

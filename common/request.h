@@ -34,6 +34,10 @@ struct RequestLimits {
   void ToProto(int dim, v1::Limits* limits) const;
 };
 
+// Field by field, the smaller of *limits and `other` (0: unset, the other wins): what a router
+// can take is what it and every shard behind it take.
+void NarrowLimits(const v1::Limits& other, v1::Limits* limits);
+
 // The shape of what is being searched, as far as validation needs it.
 struct IndexShape {
   int dim = 0;

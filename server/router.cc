@@ -413,7 +413,6 @@ void Router::Update() {
     if (topology->ranges.empty()) {
       all = *info;
       all.clear_shards();
-      all.clear_limits();
     } else if (info->dim() != all.dim() || info->metric() != all.metric() ||
                info->total_vectors() != all.total_vectors() ||
                info->num_sentences() != all.num_sentences()) {
@@ -422,6 +421,7 @@ void Router::Update() {
                             shards_.front()->shard_id());
       break;
     }
+    NarrowLimits(info->limits(), all.mutable_limits());
     all.set_supports_subset(all.supports_subset() && info->supports_subset());
     all.set_subset_only(all.subset_only() || info->subset_only());
     v1::ShardInfo range = info->shards(0);

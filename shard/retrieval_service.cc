@@ -138,7 +138,11 @@ grpc::ServerUnaryReactor* RetrievalService::Info(grpc::CallbackServerContext* co
   absl::StatusOr<v1::InfoResponse> info = backend_->Info();
   if (info.ok()) {
     *response = *std::move(info);
-    limits_.ToProto(response->dim(), response->mutable_limits());
+    // A router's backend reports its shards' limits: it advertises what both take.
+    v1::Limits limits;
+    limits_.ToProto(response->dim(), &limits);
+    if (response->has_limits()) NarrowLimits(response->limits(), &limits);
+    *response->mutable_limits() = std::move(limits);
   }
   reactor->Complete(info.status());
   return reactor;

@@ -342,6 +342,22 @@ TEST(RouterTest, AReplicaOfAnotherIndexGetsNoCalls) {
   ExpectRefused(map, "serves a different index");
 }
 
+// Clients size their requests by Info's limits (RemoteRetriever splits steps by max_rows): a
+// router allowing more than its shards advertises what the shards take.
+TEST(RouterTest, InfoAdvertisesTheShardsLimitsWhenTheyAreTighter) {
+  Cluster cluster(2, 1);
+  RouterOptions options = FastRouterOptions();
+  options.limits.max_k = 4 * TestLimits().max_k;
+  options.limits.max_rows = TestLimits().max_rows / 2;
+  TestRouter router(cluster.map(), options);
+  auto stub = Connect(router.address());
+  grpc::ClientContext context;
+  v1::InfoResponse info;
+  ASSERT_TRUE(stub->Info(&context, v1::InfoRequest(), &info).ok());
+  EXPECT_EQ(info.limits().max_k(), TestLimits().max_k);            // the shards'
+  EXPECT_EQ(info.limits().max_rows(), TestLimits().max_rows / 2);  // the router's
+}
+
 TEST(RouterTest, InfoAggregatesTheShards) {
   Cluster cluster(2, 2);
   TestRouter router(cluster.map(), FastRouterOptions());
