@@ -125,6 +125,34 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
 }
 
 // Fills k/τ/λ from --knn-config where the flag was not given explicitly.
+// Notes (stderr) the retrieval flags given that this run does not use: a mistyped mode or a
+// flag meant for the other door would otherwise go unnoticed.
+void NoteUnusedFlags(const CLI::App& cmd, const RetrievalFlags& f) {
+  std::vector<std::string> unused;
+  const auto given = [&cmd](const char* flag) { return cmd.count(flag) > 0; };
+  const bool remote = !f.router.empty();
+  if (f.mode == "base") {
+    for (const char* flag : {"--datastore", "--index", "--router", "--knn-config", "--knn-topk",
+                             "--knn-temperature", "--knn-weight", "--knn-nprobe", "--knn-threshold",
+                             "--subset-sentences", "--sentence-index"}) {
+      if (given(flag)) unused.push_back(flag);
+    }
+  } else if (f.mode != "subset-knn") {
+    for (const char* flag : {"--subset-sentences", "--sentence-index"}) {
+      if (given(flag)) unused.push_back(flag);
+    }
+  }
+  for (const char* flag : {"--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name",
+                           "--step-deadline-ms", "--retries"}) {
+    if (!remote && given(flag)) unused.push_back(flag);
+  }
+  if (remote && given("--search-threads")) unused.push_back("--search-threads");
+  if (!unused.empty()) {
+    std::fprintf(stderr, "note: not used by --mode %s%s: %s\n", f.mode.c_str(),
+                 remote ? " with --router" : " in-process", absl::StrJoin(unused, ", ").c_str());
+  }
+}
+
 absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
   if (f.knn_config.empty()) return absl::OkStatus();
   std::ifstream file(f.knn_config);
@@ -353,6 +381,7 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   // sets its own count per call).
   at::set_num_threads(plan.model_threads);
   ExitOnError(ApplyKnnConfig(*cmd, flags.retrieval));
+  NoteUnusedFlags(*cmd, flags.retrieval);
   if (flags.print_neighbors && flags.retrieval.mode == "base") {
     ExitOnError(absl::InvalidArgumentError("--print-neighbors needs --mode knn or subset-knn"));
   }
