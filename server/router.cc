@@ -185,6 +185,12 @@ class FanOut {
   const SearchDone done_;
 };
 
+// Whether two Infos describe slices of one index (its dimension, metric and sizes).
+bool SameIndex(const v1::InfoResponse& a, const v1::InfoResponse& b) {
+  return a.dim() == b.dim() && a.metric() == b.metric() && a.total_vectors() == b.total_vectors() &&
+         a.num_sentences() == b.num_sentences();
+}
+
 // Why `info` (a replica's answer) does not serve shard `shard_id` as `agreed` (the Info of the
 // shard's first matching replica, if any) does; empty when it does.
 std::string ReplicaMismatch(int32_t shard_id, const v1::InfoResponse& info,
@@ -200,9 +206,7 @@ std::string ReplicaMismatch(int32_t shard_id, const v1::InfoResponse& info,
   }
   if (agreed == nullptr) return "";
   const v1::ShardInfo& other = agreed->shards(0);
-  if (info.dim() != agreed->dim() || info.metric() != agreed->metric() ||
-      info.factory() != agreed->factory() || info.total_vectors() != agreed->total_vectors() ||
-      info.num_sentences() != agreed->num_sentences() ||
+  if (!SameIndex(info, *agreed) || info.factory() != agreed->factory() ||
       info.subset_only() != agreed->subset_only() || slice.id_begin() != other.id_begin() ||
       slice.id_end() != other.id_end() || slice.sentence_begin() != other.sentence_begin() ||
       slice.sentence_end() != other.sentence_end()) {
@@ -413,9 +417,7 @@ void Router::Update() {
     if (topology->ranges.empty()) {
       all = *info;
       all.clear_shards();
-    } else if (info->dim() != all.dim() || info->metric() != all.metric() ||
-               info->total_vectors() != all.total_vectors() ||
-               info->num_sentences() != all.num_sentences()) {
+    } else if (!SameIndex(*info, all)) {
       reason = absl::StrCat("shard ", shard->shard_id(),
                             " serves a different index (dim, metric or size) than shard ",
                             shards_.front()->shard_id());

@@ -184,10 +184,9 @@ absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
   };
   for (const auto& [key, value] : json.items()) {
     // knn_topk -> --knn-topk; only the knn_ fields have flags.
-    const bool flag_given =
-        absl::StartsWith(key, "knn_") &&
-        cmd.get_option_no_throw("--" + absl::StrReplaceAll(key, {{"_", "-"}})) &&
-        cmd.count("--" + absl::StrReplaceAll(key, {{"_", "-"}})) > 0;
+    const std::string flag = "--" + absl::StrReplaceAll(key, {{"_", "-"}});
+    const bool flag_given = absl::StartsWith(key, "knn_") &&
+                            cmd.get_option_no_throw(flag) != nullptr && cmd.count(flag) > 0;
     if (key == "knn_topk") {
       if (!flag_given) RETURN_IF_ERROR(integer(value, key, 1, RequestLimits().max_k, f.knn.k));
     } else if (key == "knn_nprobe") {
@@ -543,6 +542,10 @@ absl::Status CheckTuneFlags(const CLI::App& cmd, const TuneFlags& flags) {
     }
   }
   for (const int k : flags.topk) {
+    if (k > RequestLimits().max_k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--grid-topk ", k, " exceeds ", RequestLimits().max_k));
+    }
     for (const double t : flags.temperature) {
       for (const double w : flags.weight) {
         knn::KnnOptions options = flags.retrieval.knn;
@@ -552,10 +555,6 @@ absl::Status CheckTuneFlags(const CLI::App& cmd, const TuneFlags& flags) {
         if (absl::Status s = knn::ValidateKnnOptions(options); !s.ok()) {
           return absl::InvalidArgumentError(
               absl::StrCat("grid k=", k, " temperature=", t, " weight=", w, ": ", s.message()));
-        }
-        if (k > RequestLimits().max_k) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--grid-topk ", k, " exceeds ", RequestLimits().max_k));
         }
       }
     }
@@ -578,13 +577,13 @@ void RunTune(const CLI::App& cmd, TuneFlags& flags) {
     ExitOnError(absl::InvalidArgumentError(absl::StrCat(flags.dev, ": no dev sentences")));
   }
   std::vector<std::string> refs;
-  absl::StatusOr<std::vector<std::string>> sources = std::vector<std::string>();
+  std::vector<std::string> sources;
   for (data::SentencePair& pair : *pairs) {
-    sources->push_back(std::move(pair.source));
+    sources.push_back(std::move(pair.source));
     refs.push_back(std::move(pair.target));
   }
-  if (flags.sentences > 0 && static_cast<size_t>(flags.sentences) < sources->size()) {
-    sources->resize(flags.sentences);  // the first N: a fixed, reproducible slice
+  if (flags.sentences > 0 && static_cast<size_t>(flags.sentences) < sources.size()) {
+    sources.resize(flags.sentences);  // the first N: a fixed, reproducible slice
     refs.resize(flags.sentences);
   }
   decode::SearchOptions search;
@@ -595,14 +594,14 @@ void RunTune(const CLI::App& cmd, TuneFlags& flags) {
   auto score = [&](KnnSetup& setup) -> double {
     RunReport report;
     absl::StatusOr<std::vector<std::string>> hyps =
-        Translate(*translator, *sources, search, flags.batch_size, setup, &report, nullptr);
+        Translate(*translator, sources, search, flags.batch_size, setup, &report, nullptr);
     ExitOnError(hyps.status());
     absl::StatusOr<eval::BleuScore> bleu = eval::CorpusBleu(*hyps, {refs});
     ExitOnError(bleu.status());
     return bleu->score;
   };
   const double base_bleu = score(base);
-  std::fprintf(stderr, "tune: base BLEU %.2f on %zu dev sentences\n", base_bleu, sources->size());
+  std::fprintf(stderr, "tune: base BLEU %.2f on %zu dev sentences\n", base_bleu, sources.size());
   const int64_t total =
       static_cast<int64_t>(flags.topk.size() * flags.temperature.size() * flags.weight.size());
   ProgressBar progress("tune", total, {.unit = "configs"});
@@ -632,7 +631,7 @@ void RunTune(const CLI::App& cmd, TuneFlags& flags) {
                          {"dev_bleu", best.bleu},
                          {"dev_base_bleu", base_bleu},
                          {"dev", flags.dev},
-                         {"dev_sentences", sources->size()},
+                         {"dev_sentences", sources.size()},
                          {"mode", flags.retrieval.mode},
                          {"beam", flags.beam}};
   ExitOnError(WriteFileAtomically(flags.out, json.dump(2) + "\n").status());

@@ -96,7 +96,7 @@ class Pipeline {
     // verifies, or one made from stale inputs or other options, is removed first so the step
     // cannot adopt it; a partial output is kept (resumed) unless its inputs or options changed.
     upstream_changed_ = true;
-    ForgetStepsFrom(name);
+    ForgetStepsNotRunYet();
     std::error_code ignored;
     if (stale_inputs || (recorded && !step.replaced_when_done)) fs::remove(path, ignored);
     if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
@@ -121,12 +121,13 @@ class Pipeline {
   std::vector<StepResult> results() const { return results_; }
 
  private:
-  // Drops the records of `name` and of every step not run yet in this build (the later ones).
-  void ForgetStepsFrom(const std::string& name) {
-    std::set<std::string> earlier;
-    for (const StepResult& r : results_) earlier.insert(r.step);
+  // Drops the records of every step this build has not run yet: the one recomputing and the
+  // later ones.
+  void ForgetStepsNotRunYet() {
+    std::set<std::string> run;
+    for (const StepResult& r : results_) run.insert(r.step);
     for (auto it = manifest_.steps.begin(); it != manifest_.steps.end();) {
-      if (it->first == name || earlier.count(it->first) == 0) {
+      if (run.count(it->first) == 0) {
         manifest_.step_options.erase(it->first);
         it = manifest_.steps.erase(it);
       } else {
