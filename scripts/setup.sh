@@ -16,7 +16,7 @@ readonly PACKAGES=(
   libhdf5-dev libabsl-dev libtorch-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libssl-dev
   python3 python3-numpy python3-h5py python3-grpcio python3-grpc-tools python3-torch
-  python3-faiss
+  python3-faiss python3-yaml
 )
 
 as_root() {
@@ -37,18 +37,7 @@ install_packages() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends "${missing[@]}"
   fi
-  # OpenBLAS's pthread build fights faiss's OpenMP threads (k-means 3x slower, see
-  # docs/build.md): select the OpenMP build for libblas/liblapack, and for libopenblas.so.0,
-  # which LibTorch links directly (left on the pthread build, its idle threads spun in
-  # sched_yield for ~30% of a translation's CPU time and two OpenBLAS copies shared a process).
-  local arch
-  arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-  for lib in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
-    local alt=/usr/lib/${arch}/openblas-openmp/${lib}
-    if [[ -e $alt ]]; then
-      as_root update-alternatives --set "${lib}-${arch}" "$alt" >/dev/null
-    fi
-  done
+  scripts/select-openblas.sh
 }
 
 build() {

@@ -13,6 +13,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -385,6 +386,120 @@ TEST(ProcessTest, LocalUpAndDownScripts) {
       std::system(
           absl::StrCat("timeout 90 deploy/local/down.sh -d ", run_dir, " > /dev/null").c_str()),
       0);
+}
+
+// The pods of deploy/kubernetes/render.py's manifests (2 shards x 2 replicas and a router), run
+// here as tests/deploy/local_pods.py plans them: the manifests pass its checks, each shard finds
+// its id in its pod's hostname, the router reaches every replica through the shard map's pod
+// names, the answers equal the unsharded index's, and a lost shard pod is covered by its replica.
+TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
+  if (std::system("/usr/bin/python3 -c 'import yaml' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-yaml is not installed";
+  }
+  const std::filesystem::path index = BuildIndexDir("k8s", "IVF32,PQ8", 2);
+  const std::string unsharded = BuildIndexDir("k8s_unsharded", "IVF32,PQ8", 1);
+  ASSERT_OK_AND_ASSIGN(auto engine, CreateEngine(unsharded, 0, {.threads = 1}));
+  const std::string run = testing::FreshTempDir("k8s_pods").string();
+  const std::string manifests = run + "/knnserve.yaml";
+  const std::string render = absl::StrCat(
+      "/usr/bin/python3 deploy/kubernetes/render.py --shards 2 --replicas 2 --routers 1 ",
+      "--namespace knn-test --index-claim data --index-path ", index.filename().string(),
+      " --shard-threads 1 --shard-arg='--batch-threads 1' --router-arg=--probe-interval-ms ",
+      "--router-arg=100 > ", manifests);
+  ASSERT_EQ(std::system(render.c_str()), 0) << render;
+  const std::string plan = run + "/plan.json";
+  const std::string errors = run + "/errors.txt";
+  const std::string check =
+      absl::StrCat("/usr/bin/python3 tests/deploy/local_pods.py --manifests ", manifests,
+                   " --claim data=", index.parent_path().string(), " --bin ", KNNSERVE_BIN_DIR,
+                   " --base-port 16400 --run-dir ", run, " --out ", plan, " 2> ", errors);
+  ASSERT_EQ(std::system(check.c_str()), 0) << ReadFile(errors);
+
+  std::map<std::string, std::unique_ptr<Process>> pods;
+  std::string router_address;
+  for (const nlohmann::json& pod : nlohmann::json::parse(ReadFile(plan))) {
+    const std::string name = pod["pod"];
+    pods[name] = std::make_unique<Process>(pod["argv"].get<std::vector<std::string>>(),
+                                           absl::StrCat(run, "/", name, ".log"));
+    if (pod["component"] == "router") {
+      router_address = absl::StrCat("127.0.0.1:", pod["ports"]["6000"].get<int>());
+    }
+  }
+  ASSERT_EQ(pods.size(), 5u);
+  ASSERT_FALSE(router_address.empty());
+  EXPECT_EQ(pods["knnserve-shard-r1-1"]->WaitForLog("serving", "shard"), "1");
+  pods["knnserve-router-pod0"]->WaitForLog("serving", "msg");
+  auto stub = Connect(router_address);
+  SearchQuery query;
+  query.queries = Queries(8, 21);
+  query.params.k = 7;
+  query.params.nprobe = 4;
+  v1::SearchRequest request = MakeRequest(query.queries, 7);
+  request.mutable_params()->set_nprobe(4);
+  for (const bool lost_a_pod : {false, true}) {
+    if (lost_a_pod) {
+      pods["knnserve-shard-r0-1"]->Signal(SIGKILL);
+      EXPECT_EQ(pods["knnserve-shard-r0-1"]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+    }
+    for (int call = 0; call < 4; ++call) {  // least-outstanding choice may pick either replica
+      v1::SearchResponse response;
+      const grpc::Status status = CallSearch(stub.get(), request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      ExpectEqualsEngine(response, *engine, query);
+      EXPECT_EQ(response.coverage().shards_answered(), 2);
+    }
+  }
+}
+
+// The checks catch a shard map that lists a pod for another shard than the one it serves (the
+// rendered map, edited by hand: shard 0's first replica is ordinal 1's pod).
+TEST(KubernetesManifests, ChecksRefuseAPodListedForAnotherShard) {
+  if (std::system("/usr/bin/python3 -c 'import yaml' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-yaml is not installed";
+  }
+  const std::string run = testing::FreshTempDir("k8s_wrong_map").string();
+  const std::string render = absl::StrCat(
+      "/usr/bin/python3 deploy/kubernetes/render.py --shards 2 --replicas 2 --namespace ns | "
+      "sed 's/^    0 knnserve-shard-r0-0\\./    0 knnserve-shard-r0-1./' > ",
+      run, "/knnserve.yaml");
+  ASSERT_EQ(std::system(render.c_str()), 0) << render;
+  ASSERT_THAT(ReadFile(run + "/knnserve.yaml"), ::testing::HasSubstr("0 knnserve-shard-r0-1."));
+  const std::string check = absl::StrCat("/usr/bin/python3 tests/deploy/local_pods.py --manifests ",
+                                         run, "/knnserve.yaml --claim knnserve-data=", run,
+                                         " --run-dir ", run, " 2> ", run, "/errors.txt");
+  EXPECT_NE(std::system(check.c_str()), 0);
+  EXPECT_THAT(ReadFile(run + "/errors.txt"),
+              ::testing::HasSubstr("knnserve-shard-r0-1.knnserve-shard.ns.svc.cluster.local:7000 "
+                                   "is pod ordinal 1, which serves shard 1, listed for shard 0"));
+}
+
+// deploy/kubernetes/example.yaml is what render.py writes for its parameters (regenerate it
+// with the command in its first line when render.py changes).
+TEST(KubernetesManifests, ExampleIsWhatRenderWrites) {
+  const std::string run = testing::FreshTempDir("k8s_example").string();
+  const std::string example = ReadFile("deploy/kubernetes/example.yaml");
+  const std::string first_line = example.substr(0, example.find('\n'));
+  const std::string prefix = "# deploy/kubernetes/render.py ";
+  ASSERT_EQ(first_line.rfind(prefix, 0), 0u) << first_line;
+  const std::string render = absl::StrCat("(echo '", first_line, "'; /usr/bin/python3 ",
+                                          first_line.substr(2), ") > ", run, "/example.yaml");
+  ASSERT_EQ(std::system(render.c_str()), 0) << render;
+  EXPECT_EQ(ReadFile(run + "/example.yaml"), example);
+}
+
+// The server image installs the packages deploy/docker/runtime-packages.sh lists: every library
+// the shard and the router load has an owner, and an unknown file is refused by name.
+TEST(ContainerImage, RuntimePackagesCoverEveryLibraryTheServersLoad) {
+  const std::string out = testing::FreshTempDir("runtime_packages").string() + "/out.txt";
+  const std::string list = absl::StrCat("deploy/docker/runtime-packages.sh ", Bin("knnserve-shard"),
+                                        " ", Bin("knnserve-router"), " > ", out, " 2>&1");
+  ASSERT_EQ(std::system(list.c_str()), 0) << ReadFile(out);
+  EXPECT_THAT(ReadFile(out), ::testing::HasSubstr("libgrpc++"));
+  const std::string missing = absl::StrCat(
+      "deploy/docker/runtime-packages.sh /nonexistent/knnserve-shard > ", out, " 2>&1");
+  EXPECT_NE(std::system(missing.c_str()), 0);
+  EXPECT_THAT(ReadFile(out),
+              ::testing::HasSubstr("/nonexistent/knnserve-shard is not an executable"));
 }
 
 }  // namespace

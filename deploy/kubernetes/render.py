@@ -1,0 +1,353 @@
+#!/usr/bin/python3
+"""Renders the Kubernetes manifests of a knnserve retrieval cluster: S shards x R replicas and a
+router in front of them, serving one index directory from a volume.
+
+    deploy/kubernetes/render.py --index-manifest ds/index/manifest.json --replicas 2 \\
+        --image registry.example/knnserve-server:1 --namespace knn > knnserve.yaml
+    kubectl apply -f knnserve.yaml
+
+What it writes (one multi-document YAML; docs/deploy.md explains each choice):
+  * ConfigMap <name>-shard-map: the router's shard map, every replica by its stable DNS name;
+  * Service <name>-shard: headless, gives each shard pod that name;
+  * StatefulSet <name>-shard-r<R> for each replica set r: S pods, pod ordinal = shard id, so
+    pod <name>-shard-r1-3 serves shard 3 (read from the pod's hostname);
+  * Deployment <name>-router and Service <name>-router (the address decoders call);
+  * with --build-job: a Job that runs `knnserve datastore build` into the volume.
+The index directory is read from a PersistentVolumeClaim (--index-claim, mounted read-only at
+/data, the index at /data/<--index-path>), which the cluster must provide with the index in it.
+"""
+import argparse
+import hashlib
+import json
+import sys
+
+import yaml
+
+GRPC_PORT = 7000
+ROUTER_PORT = 6000
+METRICS_PORT = 9090
+DATA_MOUNT = "/data"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    shards = p.add_mutually_exclusive_group(required=True)
+    shards.add_argument("--shards", type=int, help="shards of the index")
+    shards.add_argument("--index-manifest",
+                        help="the index's manifest.json: the shards are counted there")
+    p.add_argument("--replicas", type=int, default=1, help="replicas of every shard (default 1)")
+    p.add_argument("--routers", type=int, default=2, help="router pods (default 2)")
+    p.add_argument("--name", default="knnserve", help="prefix of every object (default knnserve)")
+    p.add_argument("--namespace", default="default",
+                   help="namespace the objects go to; part of the shards' DNS names")
+    p.add_argument("--image", default="knnserve-server:latest",
+                   help="image with knnserve-shard and knnserve-router (deploy/docker)")
+    p.add_argument("--cli-image", default="knnserve-cli:latest",
+                   help="image with the knnserve CLI, for --build-job (deploy/docker)")
+    p.add_argument("--index-claim", default="knnserve-data",
+                   help="PersistentVolumeClaim holding the datastore (ReadOnlyMany for serving)")
+    p.add_argument("--index-path", default="datastore/index",
+                   help="the index directory inside the claim (default datastore/index)")
+    p.add_argument("--gpu", action="store_true",
+                   help="shards request one nvidia.com/gpu and run subset searches on it "
+                        "(an image built with -DKNNSERVE_WITH_CUDA=ON)")
+    p.add_argument("--shard-cpu", default="2", help="CPU request of a shard pod (default 2)")
+    p.add_argument("--shard-memory", default="4Gi",
+                   help="memory request and limit of a shard pod: its slice of the index, its "
+                        "values and subset codes (knnserve index info), plus ~200 MiB")
+    p.add_argument("--shard-threads", type=int, default=0,
+                   help="knnserve-shard --threads (default: the CPU request, rounded up)")
+    p.add_argument("--drain-seconds", type=int, default=30,
+                   help="how long calls in flight may take after SIGTERM (default 30)")
+    p.add_argument("--shard-arg", action="append", default=[],
+                   help="one more knnserve-shard flag (repeat the option for several)")
+    p.add_argument("--router-arg", action="append", default=[],
+                   help="one more knnserve-router flag (repeat the option for several)")
+    p.add_argument("--build-job", action="store_true",
+                   help="also render a Job that builds the datastore and its index into the "
+                        "claim (which must then be writable: ReadWriteOnce or ReadWriteMany)")
+    p.add_argument("--corpus", default="corpus/datastore.tsv",
+                   help="--build-job: the parallel corpus (TSV) inside the claim")
+    p.add_argument("--model", default="model/model.pt",
+                   help="--build-job: the NMT model inside the claim")
+    p.add_argument("--factory", default="IVF1024,PQ32np",
+                   help="--build-job: faiss index_factory string")
+    args = p.parse_args(argv)
+    if args.index_manifest:
+        with open(args.index_manifest) as f:
+            args.shards = len(json.load(f)["shards"])
+    for flag in ("shards", "replicas", "routers"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.drain_seconds < 0:
+        p.error(f"--drain-seconds must be >= 0, got {args.drain_seconds}")
+    if args.shard_threads < 0:
+        p.error(f"--shard-threads must be >= 0, got {args.shard_threads}")
+    if args.shard_threads == 0:
+        args.shard_threads = max(1, -(-cpu_millis(args.shard_cpu, p) // 1000))
+    if args.index_path.startswith("/") or ".." in args.index_path.split("/"):
+        p.error(f"--index-path is relative to the claim, got {args.index_path}")
+    if args.build_job and not args.index_path.endswith("/index"):
+        p.error("--build-job writes DATASTORE/index (knnserve datastore build): --index-path "
+                f"must end in /index, got {args.index_path}")
+    return args
+
+
+def cpu_millis(quantity, parser):
+    """A Kubernetes CPU quantity ("2", "1.5", "500m") in millicores."""
+    try:
+        if quantity.endswith("m"):
+            return int(quantity[:-1])
+        return int(float(quantity) * 1000)
+    except ValueError:
+        parser.error(f"--shard-cpu is not a CPU quantity: {quantity}")
+
+
+def labels(args, component, **extra):
+    return {"app.kubernetes.io/name": "knnserve", "app.kubernetes.io/instance": args.name,
+            "app.kubernetes.io/component": component, **extra}
+
+
+def meta(args, name, component, **extra):
+    return {"name": name, "namespace": args.namespace, "labels": labels(args, component, **extra)}
+
+
+def shard_set_name(args, replica):
+    return f"{args.name}-shard-r{replica}"
+
+
+def shard_address(args, replica, shard):
+    """A shard pod's stable DNS name (StatefulSet pod through the headless Service)."""
+    return (f"{shard_set_name(args, replica)}-{shard}.{args.name}-shard.{args.namespace}"
+            f".svc.cluster.local:{GRPC_PORT}")
+
+
+def shard_map(args):
+    lines = ["# shard_id replica [replica ...]  (rendered by deploy/kubernetes/render.py)"]
+    for s in range(args.shards):
+        lines.append(" ".join([str(s)] + [shard_address(args, r, s)
+                                          for r in range(args.replicas)]))
+    return "\n".join(lines) + "\n"
+
+
+def grpc_probe(port_name, **timing):
+    return {"grpc": {"port": port_name}, **timing}
+
+
+def server_ports():
+    return [{"name": "grpc", "containerPort": GRPC_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT}]
+
+
+def metrics_annotations():
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics"}
+
+
+def data_volume(args, read_only):
+    return {"name": "data",
+            "persistentVolumeClaim": {"claimName": args.index_claim, "readOnly": read_only}}
+
+
+def shard_command(args):
+    # A StatefulSet pod's hostname ends in its ordinal: that is the shard it serves.
+    flags = [f"--index {DATA_MOUNT}/{args.index_path}", '--shard "${HOSTNAME##*-}"',
+             f"--listen 0.0.0.0:{GRPC_PORT}", f"--metrics-listen 0.0.0.0:{METRICS_PORT}",
+             f"--threads {args.shard_threads}", f"--drain-seconds {args.drain_seconds}"]
+    if args.gpu:
+        flags.append("--subset-device cuda")
+    flags += args.shard_arg
+    return ["/bin/sh", "-c", "exec knnserve-shard " + " ".join(flags)]
+
+
+def shard_statefulset(args, replica):
+    name = shard_set_name(args, replica)
+    pod_labels = labels(args, "shard", **{"knnserve.io/replica-set": str(replica)})
+    resources = {"requests": {"cpu": args.shard_cpu, "memory": args.shard_memory},
+                 "limits": {"memory": args.shard_memory}}
+    if args.gpu:
+        resources["limits"]["nvidia.com/gpu"] = 1
+    container = {
+        "name": "shard",
+        "image": args.image,
+        "command": shard_command(args),
+        "ports": server_ports(),
+        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}],
+        "resources": resources,
+        # NOT_SERVING until the shard is loaded, its SHA-256 verified and a warm-up search run:
+        # the startup probe gives that up to 30 minutes, then readiness takes over.
+        "startupProbe": grpc_probe(GRPC_PORT, periodSeconds=10, failureThreshold=180),
+        "readinessProbe": grpc_probe(GRPC_PORT, periodSeconds=5, failureThreshold=2),
+        "livenessProbe": grpc_probe(GRPC_PORT, periodSeconds=20, failureThreshold=3,
+                                    timeoutSeconds=5),
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": meta(args, name, "shard", **{"knnserve.io/replica-set": str(replica)}),
+        "spec": {
+            "serviceName": f"{args.name}-shard",
+            "replicas": args.shards,
+            # Every shard loads at once; shard 3 need not wait for shard 2 to be ready.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": pod_labels},
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": metrics_annotations()},
+                "spec": {
+                    # SIGTERM drains (no new calls, those in flight finish): give it the time.
+                    "terminationGracePeriodSeconds": args.drain_seconds + 15,
+                    # Spread shard pods over nodes, so that one node's loss takes one replica of
+                    # a few shards rather than every replica of one.
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": labels(args, "shard")}}],
+                    "containers": [container],
+                    "volumes": [data_volume(args, read_only=True)],
+                },
+            },
+        },
+    }
+
+
+def shard_service(args):
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": meta(args, f"{args.name}-shard", "shard"),
+        "spec": {
+            "clusterIP": "None",
+            # The router probes loading shards too (its coverage names them "loading").
+            "publishNotReadyAddresses": True,
+            "selector": labels(args, "shard"),
+            "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"},
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        },
+    }
+
+
+def shard_map_configmap(args):
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": meta(args, f"{args.name}-shard-map", "router"),
+            "data": {"shards.txt": shard_map(args)}}
+
+
+def router_deployment(args):
+    pod_labels = labels(args, "router")
+    container = {
+        "name": "router",
+        "image": args.image,
+        "command": ["knnserve-router", "--shards", "/etc/knnserve/shards.txt",
+                    "--listen", f"0.0.0.0:{ROUTER_PORT}",
+                    "--metrics-listen", f"0.0.0.0:{METRICS_PORT}",
+                    "--drain-seconds", str(args.drain_seconds)] + args.router_arg,
+        "ports": [{"name": "grpc", "containerPort": ROUTER_PORT},
+                  {"name": "metrics", "containerPort": METRICS_PORT}],
+        "volumeMounts": [{"name": "shard-map", "mountPath": "/etc/knnserve", "readOnly": True}],
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                      "limits": {"memory": "1Gi"}},
+        # The router's health is SERVING while every shard has a serving replica: ready then.
+        "readinessProbe": grpc_probe(ROUTER_PORT, periodSeconds=5, failureThreshold=2),
+        # Alive is not healthy: a router whose shards are down must not be restarted for it.
+        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 20,
+                          "failureThreshold": 3},
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta(args, f"{args.name}-router", "router"),
+        "spec": {
+            "replicas": args.routers,
+            "selector": {"matchLabels": pod_labels},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    # The routers read the map at start: a changed map rolls them.
+                    "annotations": {**metrics_annotations(), "knnserve.io/shard-map-sha256":
+                                    hashlib.sha256(shard_map(args).encode()).hexdigest()},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": args.drain_seconds + 15,
+                    "containers": [container],
+                    "volumes": [{"name": "shard-map",
+                                 "configMap": {"name": f"{args.name}-shard-map"}}],
+                },
+            },
+        },
+    }
+
+
+def router_service(args):
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": meta(args, f"{args.name}-router", "router"),
+        "spec": {
+            "selector": labels(args, "router"),
+            "ports": [{"name": "grpc", "port": ROUTER_PORT, "targetPort": "grpc",
+                       "appProtocol": "grpc"},
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        },
+    }
+
+
+def build_job(args):
+    datastore = f"{DATA_MOUNT}/{args.index_path[:-len('/index')]}"
+    command = ["knnserve", "datastore", "build",
+               "--corpus", f"{DATA_MOUNT}/{args.corpus}", "--model", f"{DATA_MOUNT}/{args.model}",
+               "--out", datastore, "--factory", args.factory, "--shards", str(args.shards)]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": meta(args, f"{args.name}-datastore-build", "build"),
+        "spec": {
+            # The build resumes where it stopped (keys.h5 records its rows), so a retry after a
+            # lost node continues rather than starting over.
+            "backoffLimit": 4,
+            "template": {
+                "metadata": {"labels": labels(args, "build")},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "containers": [{
+                        "name": "build", "image": args.cli_image, "command": command,
+                        "env": [{"name": "OMP_WAIT_POLICY", "value": "PASSIVE"}],
+                        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}],
+                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}},
+                    }],
+                    "volumes": [data_volume(args, read_only=False)],
+                },
+            },
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block literals for multi-line strings (the shard map reads as a file); no YAML aliases
+    for repeated label maps (kubectl takes them, people reading the file trip over them)."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
+def _represent_str(dumper, text):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def render(args):
+    docs = [shard_map_configmap(args), shard_service(args)]
+    docs += [shard_statefulset(args, r) for r in range(args.replicas)]
+    docs += [router_deployment(args), router_service(args)]
+    if args.build_job:
+        docs.append(build_job(args))
+    header = ("# knnserve on Kubernetes, rendered by deploy/kubernetes/render.py "
+              f"({args.shards} shards x {args.replicas} replicas, {args.routers} routers).\n"
+              "# Regenerate rather than edit; docs/deploy.md explains the choices.\n")
+    return header + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def main(argv):
+    sys.stdout.write(render(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
