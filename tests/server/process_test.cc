@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -429,6 +430,28 @@ TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
   ASSERT_FALSE(router_address.empty());
   EXPECT_EQ(pods["knnserve-shard-r1-1"]->WaitForLog("serving", "shard"), "1");
   pods["knnserve-router-pod0"]->WaitForLog("serving", "msg");
+  // The router serves once each shard has a replica; failover needs the other replicas known
+  // up too (a replica is called only once its Info matched the shard's). Every replica has been
+  // probed by then: those it logged down must come up.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  std::map<std::string, bool> down;
+  do {
+    absl::SleepFor(absl::Milliseconds(20));
+    std::istringstream lines(ReadFile(run + "/knnserve-router-pod0.log"));
+    for (std::string line; std::getline(lines, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object()) continue;
+      const std::string msg = j.value("msg", "");
+      if (msg == "replica up" || msg == "replica down") {
+        down[j.value("replica", "")] = msg == "replica down";
+      }
+    }
+  } while (std::any_of(down.begin(), down.end(), [](const auto& r) { return r.second; }) &&
+           absl::Now() < give_up);
+  for (const auto& [replica, is_down] : down) {
+    ASSERT_FALSE(is_down) << replica << " stays down:\n"
+                          << ReadFile(run + "/knnserve-router-pod0.log");
+  }
   auto stub = Connect(router_address);
   SearchQuery query;
   query.queries = Queries(8, 21);
