@@ -223,6 +223,7 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
     ASSIGN_OR_RETURN(SubsetGroups groups,
                      ParseSubsetGroups(request.subset_groups(), shape, limits));
     query.subset_groups = std::make_shared<const SubsetGroups>(std::move(groups));
+    query.declares_groups = true;
   } else if (!query.subset_session.empty()) {
     if (subsets.sessions != nullptr) {
       query.subset_groups = subsets.sessions->Get(query.subset_session);

@@ -64,6 +64,10 @@ struct SearchQuery {
   // The token naming subset_groups across requests (SearchRequest.subset_session): the
   // request's own, or the one its stream chose at setup. Empty when none.
   std::string subset_session;
+  // Whether subset_groups came with the request itself (else they were kept under the token or
+  // declared by the stream): a router then passes them on with the token, since a shard may
+  // hold other groups under it.
+  bool declares_groups = false;
   // The element type the queries arrived in. A router forwards them in it: packed as they came,
   // or, decoded, re-encoded (fp16 decoded to fp32 encodes back to the same fp16 values).
   v1::DType queries_dtype = v1::DTYPE_FP32;

@@ -4,24 +4,31 @@
 
 namespace knnserve {
 
+int64_t SubsetSessions::Charge(const SubsetGroups& groups) {
+  int64_t charge = kSessionOverhead;
+  for (const std::vector<int64_t>& group : groups) {
+    charge += kGroupOverhead + static_cast<int64_t>(group.size());
+  }
+  return charge;
+}
+
 void SubsetSessions::Put(absl::string_view token, std::shared_ptr<const SubsetGroups> groups) {
-  int64_t sentences = 0;
-  for (const std::vector<int64_t>& group : *groups) sentences += group.size();
+  const int64_t charge = Charge(*groups);
   absl::MutexLock lock(&mu_);
   if (auto it = by_token_.find(token); it != by_token_.end()) {
-    sentences_ -= it->second->sentences;
+    charged_ -= it->second->charge;
     lru_.erase(it->second);
     by_token_.erase(it);
   }
-  if (sentences > max_sentences_) return;
-  while (sentences_ + sentences > max_sentences_) {
-    sentences_ -= lru_.back().sentences;
+  if (charge > max_sentences_) return;
+  while (charged_ + charge > max_sentences_) {
+    charged_ -= lru_.back().charge;
     by_token_.erase(lru_.back().token);
     lru_.pop_back();
   }
-  lru_.push_front({std::string(token), std::move(groups), sentences});
+  lru_.push_front({std::string(token), std::move(groups), charge});
   by_token_.emplace(lru_.front().token, lru_.begin());
-  sentences_ += sentences;
+  charged_ += charge;
 }
 
 std::shared_ptr<const SubsetGroups> SubsetSessions::Get(absl::string_view token) {
@@ -32,9 +39,9 @@ std::shared_ptr<const SubsetGroups> SubsetSessions::Get(absl::string_view token)
   return it->second->groups;
 }
 
-int64_t SubsetSessions::sentences() const {
+int64_t SubsetSessions::charged() const {
   absl::MutexLock lock(&mu_);
-  return sentences_;
+  return charged_;
 }
 
 }  // namespace knnserve

@@ -40,7 +40,8 @@ void AddSubsetGroups(const SubsetGroups& groups, v1::SearchRequest* request) {
 // The request every shard `query` needs gets, the queries in the dtype they came in: packed
 // queries are moved into it as they are (`*query` keeps none), decoded ones encoded. A subset
 // query that names a session (when `use_sessions`) goes without its groups, and with the
-// means to add them for a replica that does not know the session.
+// means to add them for a replica that does not know the session, unless the groups came with
+// the query: a shard may hold older groups under the same token, and must take the new ones.
 ShardRequest MakeShardRequest(SearchQuery* query, bool use_sessions) {
   auto request = std::make_shared<v1::SearchRequest>();
   if (query->packed_queries.has_value()) {
@@ -60,6 +61,10 @@ ShardRequest MakeShardRequest(SearchQuery* query, bool use_sessions) {
     return {std::move(request), nullptr};
   }
   request->set_subset_session(query->subset_session);
+  if (query->declares_groups) {
+    AddSubsetGroups(*query->subset_groups, request.get());
+    return {std::move(request), nullptr};
+  }
   auto with_groups = [lean = std::shared_ptr<const v1::SearchRequest>(request),
                       groups = query->subset_groups] {
     auto full = std::make_shared<v1::SearchRequest>(*lean);
@@ -475,25 +480,24 @@ bool Router::healthy() const {
   return healthy_;
 }
 
-std::shared_ptr<const Router::Topology> Router::topology() const {
+absl::StatusOr<std::shared_ptr<const Router::Topology>> Router::topology() const {
   absl::MutexLock lock(&mu_);
+  // The reason is read under the same lock as the topology: a probe may install one between
+  // two locks.
+  if (topology_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("router is loading: ", not_ready_reason_));
+  }
   return topology_;
 }
 
 absl::StatusOr<IndexShape> Router::Shape() const {
-  absl::MutexLock lock(&mu_);
-  if (topology_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("router is loading: ", not_ready_reason_));
-  }
-  return topology_->shape;
+  ASSIGN_OR_RETURN(std::shared_ptr<const Topology> topology, this->topology());
+  return topology->shape;
 }
 
 absl::StatusOr<v1::InfoResponse> Router::Info() const {
-  absl::MutexLock lock(&mu_);
-  if (topology_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("router is loading: ", not_ready_reason_));
-  }
-  return topology_->info;
+  ASSIGN_OR_RETURN(std::shared_ptr<const Topology> topology, this->topology());
+  return topology->info;
 }
 
 // A request that allows partial results gets them even when its own deadline comes first: its
@@ -528,11 +532,12 @@ std::vector<size_t> Router::Targets(const Topology& topology, const SearchQuery&
 }
 
 void Router::Search(SearchCall call, SearchDone done) {
-  std::shared_ptr<const Topology> topology = this->topology();
-  if (topology == nullptr) {
-    done(Shape().status());
+  absl::StatusOr<std::shared_ptr<const Topology>> ready = this->topology();
+  if (!ready.ok()) {
+    done(ready.status());
     return;
   }
+  const std::shared_ptr<const Topology> topology = *std::move(ready);
   if (!call.query.is_subset() && topology->info.subset_only()) {
     done(SubsetOnlyError(topology->ranges));
     return;

@@ -82,7 +82,8 @@ class Router : public SearchBackend {
   void ProbeShard(ShardGroup* shard);
   // Recomputes topology and health from the shards' infos and replica health.
   void Update();
-  std::shared_ptr<const Topology> topology() const;
+  // The shards' topology once every shard has answered, else UNAVAILABLE with the reason.
+  absl::StatusOr<std::shared_ptr<const Topology>> topology() const;
   // When the shard calls of `call` end.
   absl::Time ShardDeadline(const SearchCall& call) const;
   // Indexes into shards_ of the shards `query` needs.

@@ -52,8 +52,11 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       return;
     }
     Launch(first, /*hedge=*/false, request_.request);
-    if (hedge_->enabled && shard_->replicas().size() > 1) {
-      scheduler_->Schedule(absl::Now() + hedge_->DelayFor(shard_->latency()), [weak] {
+    // A hedge after the deadline would be pointless; the timer, which stays queued until it
+    // fires, is dropped by then (a long hedge delay kept one per call for its whole length).
+    const absl::Time hedge_at = absl::Now() + hedge_->DelayFor(shard_->latency());
+    if (hedge_->enabled && shard_->replicas().size() > 1 && hedge_at < deadline_) {
+      scheduler_->Schedule(hedge_at, [weak] {
         if (auto self = weak.lock()) self->Hedge();
       });
     }
@@ -91,6 +94,8 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
                                      [self = shared_from_this(), attempt](grpc::Status status) {
                                        self->OnAttemptDone(attempt, std::move(status));
                                      });
+    // A failover or hedge decided just before the caller cancelled: CancelAll ran without it.
+    if (cancel_->cancelled()) CancelAll();
   }
 
   void Hedge() {
@@ -113,6 +118,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
 
   bool Transient(const grpc::Status& status, const Attempt& attempt) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cancel_->cancelled()) return false;  // nobody waits for another replica's answer
     switch (status.error_code()) {
       case grpc::StatusCode::UNAVAILABLE:
       case grpc::StatusCode::ABORTED:
@@ -149,7 +155,10 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
       attempt->in_flight = false;
       // A loser we cancelled took at least this long: its latency average must see that, or a
       // replica that never answers in time would stay the first choice.
-      attempt->replica->CallFinished(now - attempt->start, status.ok() || attempt->cancelled_by_us);
+      attempt->replica->CallFinished(now - attempt->start, status.ok() ? Replica::Latency::kExact
+                                                           : attempt->cancelled_by_us
+                                                               ? Replica::Latency::kLowerBound
+                                                               : Replica::Latency::kNone);
       if (finished_) return;  // a loser
       if (NeedsGroups(status, *attempt)) {
         resend_with_groups = true;

@@ -54,12 +54,15 @@ void Replica::CallStarted() {
   in_flight_->Add(1);
 }
 
-void Replica::CallFinished(absl::Duration latency, bool record_latency) {
+void Replica::CallFinished(absl::Duration latency, Latency kind) {
   outstanding_.fetch_sub(1, std::memory_order_relaxed);
   in_flight_->Add(-1);
-  if (!record_latency) return;
-  const int64_t sample = absl::ToInt64Nanoseconds(latency);
+  if (kind == Latency::kNone) return;
   const int64_t old = ewma_nanos_.load(std::memory_order_relaxed);
+  int64_t sample = absl::ToInt64Nanoseconds(latency);
+  // A bound can only raise the average: a hedge cancelled a moment after it was sent says
+  // nothing of how fast its replica is.
+  if (kind == Latency::kLowerBound) sample = std::max(sample, old);
   // A lost update under contention only drops one sample from the average.
   ewma_nanos_.store(
       old == 0 ? sample : static_cast<int64_t>(kEwmaWeight * sample + (1 - kEwmaWeight) * old),

@@ -40,9 +40,15 @@ class Replica {
   Verdict verdict() const { return verdict_.load(std::memory_order_relaxed); }
   void set_verdict(Verdict verdict) { verdict_.store(verdict, std::memory_order_relaxed); }
 
+  // What a finished call's time says of the replica's latency.
+  enum class Latency {
+    kNone,        // nothing (the call failed)
+    kExact,       // it answered in this long
+    kLowerBound,  // it was cancelled after this long: it would have taken at least as long
+  };
   void CallStarted();
-  // `record_latency`: fold `latency` into the average (answers, and losers cancelled late).
-  void CallFinished(absl::Duration latency, bool record_latency);
+  // Folds `latency` into the average as `kind` says.
+  void CallFinished(absl::Duration latency, Latency kind);
 
  private:
   const std::string address_;

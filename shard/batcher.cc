@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace knnserve {
@@ -47,7 +48,10 @@ Batcher::Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegi
                                              {{"reason", "cancelled"}})),
       dropped_deadline_(metrics->GetCounter("knnserve_dropped_total",
                                             "Queued requests dropped before searching, by reason",
-                                            {{"reason", "deadline"}})) {
+                                            {{"reason", "deadline"}})),
+      rejected_overloaded_(metrics->GetCounter(
+          "knnserve_dropped_total", "Queued requests dropped before searching, by reason",
+          {{"reason", "overloaded"}})) {
   for (int i = 0; i < std::max(1, options_.num_threads); ++i) {
     workers_.emplace_back([this, i] {
       // Named so that top -H and perf --sort comm tell engine time from gRPC's threads.
@@ -67,16 +71,32 @@ Batcher::~Batcher() {
 
 void Batcher::Submit(SearchCall call, EngineDone done) {
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
+    if (stop_) {  // no worker would take it
+      lock.Release();
+      done(absl::UnavailableError("the shard is stopping"));
+      return;
+    }
     if (!RunsInline(call.query)) {
-      queue_.push_back({std::move(call), std::move(done), absl::Now()});
+      const int64_t bytes = call.query.queries.size() * static_cast<int64_t>(sizeof(float));
+      if (!queue_.empty() && queued_bytes_ + bytes > options_.max_queued_bytes) {
+        const absl::Status overloaded = absl::UnavailableError(absl::StrCat(
+            "shard overloaded: ", queued_bytes_ >> 20, " MiB of queries already wait (at most ",
+            options_.max_queued_bytes >> 20, " MiB)"));
+        lock.Release();
+        rejected_overloaded_->Increment();
+        done(overloaded);
+        return;
+      }
+      queued_bytes_ += bytes;
+      queue_.push_back({std::move(call), std::move(done), absl::Now(), bytes});
       return;
     }
     ++busy_;
     inline_running_ = true;
   }
   std::vector<Pending> alone;
-  alone.push_back({std::move(call), std::move(done), absl::Now()});
+  alone.push_back({std::move(call), std::move(done), absl::Now(), 0});
   Run(std::move(alone));
   absl::MutexLock lock(&mu_);
   inline_running_ = false;
@@ -120,7 +140,9 @@ int64_t Batcher::CompatibleRows() const {
   return rows;
 }
 
-bool Batcher::HasWork() const { return stop_ || (!queue_.empty() && !collecting_); }
+// Never while another worker collects, stopping included: two collectors would both take from
+// a queue that only one of them may empty.
+bool Batcher::HasWork() const { return !collecting_ && (stop_ || !queue_.empty()); }
 
 // Idle workers all waiting for any work took turns (the mutex wakes its waiters in order), so
 // that consecutive requests of one client ran on alternating threads, each finding the caches
@@ -156,6 +178,7 @@ std::vector<Batcher::Pending> Batcher::TakeBatch() {
     }
   }
   queue_.swap(rest);
+  for (const Pending& pending : batch) queued_bytes_ -= pending.bytes;
   return batch;
 }
 

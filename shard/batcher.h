@@ -40,6 +40,11 @@ struct BatcherOptions {
   // thread switches, a large share of a small step. Kept short because the submitting thread
   // is a gRPC callback thread. Zero: never.
   absl::Duration inline_budget = absl::Milliseconds(2);
+  // Query bytes (decoded, fp32) that may wait for a worker; a request beyond them is answered
+  // UNAVAILABLE "overloaded" at once (the router tries another replica), so that callers
+  // sending faster than the shard searches cannot grow its memory without bound. A request
+  // that finds the queue empty is always queued.
+  int64_t max_queued_bytes = int64_t{1} << 30;
 };
 
 using EngineDone = std::function<void(absl::StatusOr<EngineResult>)>;
@@ -61,6 +66,7 @@ class Batcher {
     SearchCall call;
     EngineDone done;
     absl::Time enqueued;
+    int64_t bytes;  // its queries'
   };
 
   // Worker `rank` (0 = first) takes queued work only while at least `rank` engine calls run.
@@ -89,9 +95,11 @@ class Batcher {
   Histogram* const engine_seconds_;
   Counter* const dropped_cancelled_;
   Counter* const dropped_deadline_;
+  Counter* const rejected_overloaded_;
 
   absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool collecting_ ABSL_GUARDED_BY(mu_) = false;  // one worker at a time forms a batch
   absl::Time collect_deadline_ ABSL_GUARDED_BY(mu_);
   int busy_ ABSL_GUARDED_BY(mu_) = 0;  // engine calls running, inline ones included

@@ -6,12 +6,14 @@
 //
 // It listens at once with health NOT_SERVING, loads and verifies the shard (sizes and SHA-256
 // from the manifest), runs a warm-up query, then reports SERVING. SIGTERM or SIGINT drains:
-// health NOT_SERVING, no new calls, calls in flight finish (up to --drain-seconds), exit 0.
+// health NOT_SERVING, no new calls, calls in flight finish (up to --drain-seconds), exit 0;
+// while the shard is still loading, it exits 0 at once.
 #include <cstdlib>
 #include <memory>
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "common/index/index_engine.h"
 #include "common/index/manifest.h"
 #include "common/index/subset_device.h"
@@ -33,6 +35,7 @@ struct ShardFlags {
   BatcherOptions batcher;
   int64_t batch_wait_us = 1000;
   int64_t inline_budget_us = 2000;
+  int64_t max_queued_mib = 1024;
   std::string subset_device = "cpu";
   bool subset_only = false;
 };
@@ -60,6 +63,7 @@ int Run(const ShardFlags& flags) {
   batcher.max_wait = absl::Microseconds(flags.batch_wait_us);
   batcher.inline_budget = absl::Microseconds(flags.inline_budget_us);
   batcher.engine_threads = flags.threads;
+  batcher.max_queued_bytes = flags.max_queued_mib << 20;
   ShardBackend backend(flags.shard_id, batcher, &metrics);
   RetrievalService service(&backend, flags.server.limits, &metrics,
                            flags.server.subset_session_sentences);
@@ -81,18 +85,25 @@ int Run(const ShardFlags& flags) {
        {"shard", flags.shard_id},
        {"metrics_port", *metrics_server != nullptr ? (*metrics_server)->port() : 0}});
 
-  bool load_failed = false;
+  // The load and a termination signal race: whichever comes second sees what the first did.
+  absl::Mutex mu;
+  bool loading = true;       // guarded by mu
+  bool terminating = false;  // guarded by mu
+  bool load_failed = false;  // written before loading is cleared
   std::thread loader([&] {
     const absl::Time start = absl::Now();
     absl::StatusOr<std::unique_ptr<SearchEngine>> engine =
         CreateEngine(flags.index_dir, flags.shard_id, engine_options);
     absl::Status status = engine.ok() ? backend.SetEngine(*std::move(engine)) : engine.status();
+    absl::MutexLock lock(&mu);
+    loading = false;
     if (!status.ok()) {
       Log(LogLevel::kError, "cannot load the shard", {{"error", status.ToString()}});
       load_failed = true;
       RequestTermination();
       return;
     }
+    if (terminating) return;  // a draining shard never reports SERVING
     (*server)->SetServing(true);
     Log(LogLevel::kInfo, "serving",
         {{"address", (*server)->address()},
@@ -100,6 +111,17 @@ int Run(const ShardFlags& flags) {
          {"load_seconds", absl::ToDoubleSeconds(absl::Now() - start)}});
   });
   const int signal = WaitForTerminationSignal();
+  {
+    absl::MutexLock lock(&mu);
+    terminating = true;
+    if (loading) {
+      // A loading shard has no search to drain, and its load (every file's SHA-256, the
+      // warm-up) can take minutes that a pod being replaced should not wait out; the loader
+      // cannot be interrupted, so the process ends here.
+      Log(LogLevel::kInfo, "stopped while loading", {{"signal", signal}});
+      std::_Exit(0);
+    }
+  }
   loader.join();
   Log(LogLevel::kInfo, "draining", {{"signal", signal}});
   (*server)->Shutdown(absl::Seconds(flags.server.drain_seconds));
@@ -132,6 +154,11 @@ int main(int argc, char** argv) {
                  "a request expected to search within this long runs on the gRPC thread that "
                  "received it when the shard is idle (0: always hand it to a worker)")
       ->check(CLI::Range(0, 10'000'000))
+      ->capture_default_str();
+  app.add_option("--max-queued-mib", flags.max_queued_mib,
+                 "query MiB that may wait for an engine call; beyond, requests are answered "
+                 "UNAVAILABLE (overloaded) at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--max-batch-rows", flags.batcher.max_batch_rows,
                  "most query rows coalesced into one engine call")

@@ -4,21 +4,24 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace knnserve {
 namespace {
 
 constexpr int kPollMillis = 100;
 constexpr size_t kMaxRequestBytes = 8192;
+constexpr absl::Duration kConnectionTime = absl::Seconds(2);
 
 absl::StatusOr<sockaddr_in> ParseAddress(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -40,13 +43,20 @@ absl::StatusOr<sockaddr_in> ParseAddress(const std::string& address) {
   return addr;
 }
 
-void WriteAll(int fd, const std::string& data) {
-  size_t written = 0;
-  while (written < data.size()) {
-    const ssize_t n = ::send(fd, data.data() + written, data.size() - written, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    written += n;
+// Waits until `fd` is ready for `events`, in slices that notice `stop`; false at `deadline` or
+// on stop.
+bool WaitReady(int fd, short events, absl::Time deadline, const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd pfd{fd, events, 0};
+    const int millis =
+        static_cast<int>(std::min<int64_t>(kPollMillis, absl::ToInt64Milliseconds(left) + 1));
+    const int ready = ::poll(&pfd, 1, millis);
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return false;
   }
+  return false;
 }
 
 }  // namespace
@@ -93,28 +103,45 @@ void MetricsHttpServer::Serve() {
     pollfd pfd{listen_fd_, POLLIN, 0};
     if (::poll(&pfd, 1, kPollMillis) <= 0) continue;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors, the pending connection stays and poll reports it at once: wait.
+      if (errno == EMFILE || errno == ENFILE) absl::SleepFor(absl::Milliseconds(kPollMillis));
+      continue;
+    }
     HandleConnection(fd);
     ::close(fd);
   }
 }
 
+// One thread serves every connection: each gets kConnectionTime in all, to send its request and
+// to take the answer, so a client that trickles bytes or never reads holds the thread (and the
+// destructor, which joins it) no longer than that.
 void MetricsHttpServer::HandleConnection(int fd) {
-  timeval timeout{1, 0};  // a stalled client cannot hold the thread for long
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const absl::Time deadline = absl::Now() + kConnectionTime;
   std::string request;
   char buffer[1024];
   while (request.size() < kMaxRequestBytes && !absl::StrContains(request, "\r\n\r\n")) {
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (!WaitReady(fd, POLLIN, deadline, stop_)) return;
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) break;
     request.append(buffer, n);
   }
   const bool is_metrics =
       absl::StartsWith(request, "GET /metrics ") || absl::StartsWith(request, "GET / ");
   const std::string body = is_metrics ? registry_->RenderText() : "not found\n";
-  WriteAll(fd, absl::StrCat("HTTP/1.0 ", is_metrics ? "200 OK" : "404 Not Found",
-                            "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",
-                            body.size(), "\r\nConnection: close\r\n\r\n", body));
+  const std::string reply =
+      absl::StrCat("HTTP/1.0 ", is_metrics ? "200 OK" : "404 Not Found",
+                   "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ", body.size(),
+                   "\r\nConnection: close\r\n\r\n", body);
+  for (size_t written = 0; written < reply.size();) {
+    if (!WaitReady(fd, POLLOUT, deadline, stop_)) return;
+    const ssize_t n =
+        ::send(fd, reply.data() + written, reply.size() - written, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) return;
+    written += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace knnserve

@@ -1,6 +1,6 @@
 // A minimal HTTP/1.0 server for Prometheus scrapes: GET /metrics answers the registry's text
 // format; anything else is 404. One background thread serves one connection at a time (a scrape
-// every few seconds needs no more).
+// every few seconds needs no more), each for at most 2 seconds in all, slow clients included.
 #ifndef KNNSERVE_SHARD_METRICS_HTTP_H_
 #define KNNSERVE_SHARD_METRICS_HTTP_H_
 

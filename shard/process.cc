@@ -67,7 +67,8 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
       ->capture_default_str();
   app.add_option("--subset-session-sentences", subset_session_sentences,
                  "most sentence ids kept, over all subset sessions, for requests that name "
-                 "their subset by a subset_session token (least recently used ones go first)")
+                 "their subset by a subset_session token (least recently used ones go first; "
+                 "a session counts 32 ids more and each of its groups 4, for their bookkeeping)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
 }

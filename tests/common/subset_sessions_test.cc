@@ -17,13 +17,18 @@ std::shared_ptr<const SubsetGroups> Groups(int sentences) {
   return std::make_shared<const SubsetGroups>(std::move(groups));
 }
 
+// What a session of one group of `sentences` ids is charged.
+constexpr int64_t Charge(int sentences) {
+  return SubsetSessions::kSessionOverhead + SubsetSessions::kGroupOverhead + sentences;
+}
+
 TEST(SubsetSessions, GetReturnsWhatPutKeptAndNullForOtherTokens) {
   SubsetSessions sessions(100);
   const auto groups = Groups(3);
   sessions.Put("a", groups);
   EXPECT_EQ(sessions.Get("a"), groups);
   EXPECT_EQ(sessions.Get("b"), nullptr);
-  EXPECT_EQ(sessions.sentences(), 3);
+  EXPECT_EQ(sessions.charged(), Charge(3));
 }
 
 TEST(SubsetSessions, PutReplacesTheGroupsOfAToken) {
@@ -32,11 +37,11 @@ TEST(SubsetSessions, PutReplacesTheGroupsOfAToken) {
   const auto replacement = Groups(5);
   sessions.Put("a", replacement);
   EXPECT_EQ(sessions.Get("a"), replacement);
-  EXPECT_EQ(sessions.sentences(), 5);
+  EXPECT_EQ(sessions.charged(), Charge(5));
 }
 
 TEST(SubsetSessions, EvictsTheLeastRecentlyUsedUntilTheIdsFit) {
-  SubsetSessions sessions(10);
+  SubsetSessions sessions(2 * Charge(4) + 2);
   sessions.Put("a", Groups(4));
   sessions.Put("b", Groups(4));
   ASSERT_NE(sessions.Get("a"), nullptr);  // now b is the least recently used
@@ -44,21 +49,30 @@ TEST(SubsetSessions, EvictsTheLeastRecentlyUsedUntilTheIdsFit) {
   EXPECT_NE(sessions.Get("a"), nullptr);
   EXPECT_EQ(sessions.Get("b"), nullptr);
   EXPECT_NE(sessions.Get("c"), nullptr);
-  EXPECT_EQ(sessions.sentences(), 8);
+  EXPECT_EQ(sessions.charged(), 2 * Charge(4));
 }
 
 TEST(SubsetSessions, GroupsLargerThanTheBoundAreNotKept) {
-  SubsetSessions sessions(10);
+  SubsetSessions sessions(Charge(10));
   sessions.Put("a", Groups(4));
   sessions.Put("a", Groups(11));
   sessions.Put("b", Groups(11));
   EXPECT_EQ(sessions.Get("a"), nullptr);
   EXPECT_EQ(sessions.Get("b"), nullptr);
-  EXPECT_EQ(sessions.sentences(), 0);
+  EXPECT_EQ(sessions.charged(), 0);
+}
+
+// Many sessions of one id each are charged their bookkeeping, not one id each.
+TEST(SubsetSessions, SessionsOfFewIdsAreChargedTheirBookkeeping) {
+  SubsetSessions sessions(10 * Charge(1));
+  for (int i = 0; i < 1000; ++i) sessions.Put(absl::StrCat("token-", i), Groups(1));
+  EXPECT_EQ(sessions.charged(), 10 * Charge(1));
+  EXPECT_EQ(sessions.Get("token-989"), nullptr);
+  EXPECT_NE(sessions.Get("token-990"), nullptr);
 }
 
 TEST(SubsetSessions, StaysWithinTheBoundUnderConcurrentUse) {
-  SubsetSessions sessions(50);
+  SubsetSessions sessions(50 + 4 * Charge(0));
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&sessions, t] {
@@ -69,7 +83,7 @@ TEST(SubsetSessions, StaysWithinTheBoundUnderConcurrentUse) {
         } else {
           sessions.Put(token, Groups(1 + i % 7));
         }
-        EXPECT_LE(sessions.sentences(), 50);
+        EXPECT_LE(sessions.charged(), 50 + 4 * Charge(0));
       }
     });
   }

@@ -94,6 +94,47 @@ TEST_F(BatcherTest, CoalescesQueuedRequestsWithEqualParamsIntoOneEngineCall) {
 // With two workers: while the running call leaves a core free, the next request starts at once
 // (however long max_wait); when the running calls take every core, it waits for company and
 // is coalesced with the request that comes next.
+// Queued query bytes are bounded: beyond max_queued_bytes a request is answered UNAVAILABLE at
+// once, and the queue takes requests again once a worker has taken what waited.
+TEST(BatcherQueue, RefusesRequestsBeyondTheQueuedBytes) {
+  MetricsRegistry metrics;
+  ControlledEngine engine(std::make_unique<FlatEngine>(MakeDatastore(60, kDim, 5, 1), 0, 60));
+  BatcherOptions options{absl::ZeroDuration(), 1024, /*num_threads=*/1};
+  options.inline_budget = absl::ZeroDuration();
+  options.max_queued_bytes = 2 * 4 * kDim * sizeof(float);  // two requests of 4 rows
+  Batcher batcher(&engine, options, &metrics);
+  std::vector<std::shared_ptr<Outcome>> outcomes;
+  const auto submit = [&](int rows) {
+    SearchCall call;
+    call.query.queries = RandomQueries(rows, kDim, static_cast<uint32_t>(outcomes.size()));
+    call.query.params.k = 3;
+    auto outcome = std::make_shared<Outcome>();
+    batcher.Submit(std::move(call), [outcome](absl::StatusOr<EngineResult> result) {
+      outcome->result = std::move(result);
+      outcome->done.Notify();
+    });
+    outcomes.push_back(outcome);
+    return outcome;
+  };
+  engine.CloseGate();
+  submit(4);  // taken by the worker, held at the gate
+  ASSERT_TRUE(engine.WaitForCallsAtGate(1, absl::Seconds(10)));
+  submit(4);
+  submit(4);  // the queue holds its bound
+  const auto refused = submit(1);
+  ASSERT_TRUE(refused->done.HasBeenNotified());
+  EXPECT_THAT(refused->result,
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("shard overloaded")));
+  engine.OpenGate();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(outcomes[i]->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(outcomes[i]->result.ok()) << outcomes[i]->result.status();
+  }
+  const auto later = submit(4);
+  ASSERT_TRUE(later->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(later->result.ok()) << later->result.status();
+}
+
 TEST(BatcherCores, WaitsForCompanyOnlyWhenRunningCallsTakeEveryCore) {
   for (const int cores : {2, 1}) {
     SCOPED_TRACE(absl::StrCat(cores, " cores"));

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -358,6 +359,25 @@ TEST(ProcessTest, SigtermDrainsAndExitsZero) {
   EXPECT_THAT(status.error_message(), ::testing::HasSubstr("shard 1"));
   cluster.router().Signal(SIGTERM);
   EXPECT_EQ(cluster.router().Wait(absl::Seconds(30)), 0);
+}
+
+// A shard told to stop while it loads exits 0 at once, never having reported SERVING: its
+// index file here is a FIFO nobody writes, so the load waits forever.
+TEST(ProcessTest, SigtermWhileLoadingExitsAtOnce) {
+  const std::string dir = BuildIndexDir("sigterm_loading", "Flat", 1);
+  ASSERT_OK_AND_ASSIGN(IndexManifest manifest, ReadManifest(dir));
+  const std::string file = absl::StrCat(dir, "/", manifest.shards[0].index.file);
+  ASSERT_TRUE(std::filesystem::remove(file));
+  ASSERT_EQ(mkfifo(file.c_str(), 0644), 0);
+  const std::string log = dir + "/shard.log";
+  Process shard({Bin("knnserve-shard"), "--index", dir, "--shard", "0", "--listen", "127.0.0.1:0"},
+                log);
+  shard.Address();
+  absl::SleepFor(absl::Milliseconds(200));
+  shard.Signal(SIGTERM);
+  EXPECT_EQ(shard.Wait(absl::Seconds(20)), 0) << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), ::testing::HasSubstr("\"msg\":\"stopped while loading\""));
+  EXPECT_THAT(ReadFile(log), ::testing::Not(::testing::HasSubstr("\"msg\":\"serving\"")));
 }
 
 TEST(ProcessTest, LocalUpAndDownScripts) {

@@ -241,6 +241,30 @@ TEST(StreamTest, ShardKeepsTheGroupsOfASubsetSessionForLaterRequests) {
   EXPECT_EQ(SessionRequests(*fixture.servers[0], "reused"), 1);
 }
 
+// A request that brings groups with a token its shards already hold other groups under: the
+// router passes the new groups on, and the shards search them (and keep them under the token).
+TEST(StreamTest, RouterPassesOnGroupsThatReplaceThoseOfTheirToken) {
+  Fixture fixture(2, 1);
+  TestRouter router(fixture.map, FastRouterOptions());
+  auto stub = Connect(router.address());
+  const Matrix<float> queries = RandomQueries(2, kDim, 700);
+  for (const SubsetGroups& groups :
+       {SubsetGroups{{5, 20, 120}, {130, 199}}, SubsetGroups{{0, 1}, {150, 160, 170}}}) {
+    v1::SearchRequest request = SubsetStep(queries, {1, 0});
+    request.mutable_params()->set_k(3);
+    request.set_subset_session("session-b");
+    for (const auto& group : groups) {
+      request.add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+    }
+    v1::SearchResponse response;
+    ASSERT_TRUE(CallSearch(stub.get(), request, &response).ok());
+    ExpectSameNeighbors(response, fixture.Expected(queries, groups, {1, 0}, 3));
+    request.clear_subset_groups();  // the token alone: the groups just declared
+    ASSERT_TRUE(CallSearch(stub.get(), request, &response).ok());
+    ExpectSameNeighbors(response, fixture.Expected(queries, groups, {1, 0}, 3));
+  }
+}
+
 // Each shard gets a stream's groups once: the first step names the stream's subset_session,
 // the shard does not know it, and the router sends that request again with the groups; every
 // later step names the session alone. The answers are those of an in-process search.
