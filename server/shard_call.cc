@@ -24,7 +24,10 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
         scheduler_(scheduler),
         hedge_(hedge),
         done_(std::move(done)),
-        start_(absl::Now()) {}
+        start_(absl::Now()) {
+    shard_->CallBegan();
+  }
+  ~ShardCall() { shard_->CallEnded(); }
 
   void Start(const std::shared_ptr<CancelToken>& cancel) {
     std::weak_ptr<ShardCall> weak = weak_from_this();

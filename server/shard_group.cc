@@ -75,6 +75,23 @@ ShardGroup::ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> r
       replicas_(std::move(replicas)),
       metrics_(MakeShardMetrics(metrics, shard_id)) {}
 
+ShardGroup::~ShardGroup() {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](int* live) { return *live == 0; }, &live_calls_),
+                       absl::Seconds(10));
+}
+
+void ShardGroup::CallBegan() {
+  absl::MutexLock lock(&mu_);
+  ++live_calls_;
+}
+
+void ShardGroup::CallEnded() {
+  absl::MutexLock lock(&mu_);
+  --live_calls_;
+}
+
 Replica* ShardGroup::Pick(const std::vector<Replica*>& exclude) {
   const size_t n = replicas_.size();
   const size_t start = rotation_.fetch_add(1, std::memory_order_relaxed) % n;

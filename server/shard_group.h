@@ -76,6 +76,9 @@ class ShardGroup {
  public:
   ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> replicas,
              MetricsRegistry* metrics);
+  // Waits (up to 10 s) for the shard calls still alive (CallBegan without CallEnded): a
+  // cancelled attempt's callback, which reads its replica, can run after the caller's answer.
+  ~ShardGroup();
 
   int32_t shard_id() const { return shard_id_; }
   const std::vector<std::unique_ptr<Replica>>& replicas() const { return replicas_; }
@@ -87,6 +90,10 @@ class ShardGroup {
   // unhealthy, then fewest calls in flight, then lowest latency average, then round robin.
   // nullptr when none is left.
   Replica* Pick(const std::vector<Replica*>& exclude);
+
+  // A shard call (StartShardCall) holds the group and its replicas from CallBegan to CallEnded.
+  void CallBegan();
+  void CallEnded();
 
   // Counts a request to this shard (for the hedge budget).
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
@@ -107,6 +114,7 @@ class ShardGroup {
   std::atomic<int64_t> hedges_{0};
   mutable absl::Mutex mu_;
   std::optional<v1::InfoResponse> info_ ABSL_GUARDED_BY(mu_);
+  int live_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace knnserve
