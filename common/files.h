@@ -42,6 +42,23 @@ struct FileDigest {
   std::string sha256;  // lower-case hex
 };
 
+// An exclusive lock on a directory (flock on DIR/.knnserve.lock), held while the object lives:
+// two commands writing one datastore would mix their files (the second deleted the first's
+// partial keys, the first then published the second's). Released when the process ends,
+// however it ends.
+class DirectoryLock {
+ public:
+  // Creates `dir` when missing. FAILED_PRECONDITION naming it when another process holds it.
+  static absl::StatusOr<std::unique_ptr<DirectoryLock>> Acquire(const std::string& dir);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  explicit DirectoryLock(int fd) : fd_(fd) {}
+  const int fd_;
+};
+
 // Writes a file atomically: Append() goes to "<path>.tmp.<pid>", Commit() fsyncs it, renames it
 // to `path` and fsyncs the directory. Destroying an uncommitted writer removes the temporary
 // file. A `path` that exists and is not a regular file (a device such as /dev/null or /dev/full,

@@ -15,6 +15,7 @@
 #include "common/datastore/hdf5_datastore.h"
 #include "common/datastore/values_builder.h"
 #include "common/datastore/values_file.h"
+#include "common/files.h"
 #include "common/index/builder.h"
 #include "common/progress.h"
 
@@ -117,8 +118,9 @@ void RegisterValues(CLI::App& parent) {
     if (f->tokenizer.empty() == f->model.empty()) {
       ExitOnError(absl::InvalidArgumentError("give exactly one of --tokenizer and --model"));
     }
+    // Creates the directory; held while the command writes it.
+    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
     ExitOnError(ds::CheckValuesMayBeWritten(f->dir));
-    std::filesystem::create_directories(f->dir);
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
         ds::LoadTokenizer(f->tokenizer, f->model);
     ExitOnError(tokenizer.status());
@@ -145,6 +147,7 @@ void RegisterKeys(CLI::App& parent) {
   cmd->add_flag("--fp32", f->fp32, "store float32 keys (default float16)");
   AddKeysFlags(cmd, *f);
   cmd->callback([f] {
+    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
     const ds::KeysStepOptions step = KeysStep(*f, ds::KeyKind::kTokens);
     absl::StatusOr<ds::KeysReport> r = ds::RunKeysStep(step);
     ExitOnError(r.status());
@@ -163,6 +166,7 @@ void RegisterSentenceKeys(CLI::App& parent) {
       ->capture_default_str();
   AddKeysFlags(cmd, *f);
   cmd->callback([f, factory] {
+    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
     const ds::KeysStepOptions step = KeysStep(*f, ds::KeyKind::kSentences);
     absl::StatusOr<ds::KeysReport> r = ds::RunKeysStep(step);
     ExitOnError(r.status());
@@ -208,6 +212,7 @@ void RegisterBuild(CLI::App& parent) {
   cmd->add_flag("--fp32", f->fp32, "store float32 keys (default float16)");
   AddKeysFlags(cmd, *f);
   cmd->callback([f, o] {
+    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
     const ds::KeysStepOptions step = KeysStep(*f, ds::KeyKind::kTokens);
     o->model_path = f->model;
     o->out_dir = f->dir;

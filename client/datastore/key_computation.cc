@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <vector>
@@ -135,6 +136,18 @@ SentenceBatch BatchOf(const DatastoreValues& source, const DatastoreValues& targ
   return batch;
 }
 
+// The keys file `options` asks for (its layout aside).
+KeysFileSpec KeysSpec(const ValuesReader& values, const FeatureExtractor& extractor,
+                      const KeysOptions& options, std::map<std::string, std::string> identity) {
+  KeysFileSpec spec;
+  spec.rows =
+      options.kind == KeyKind::kTokens ? values.num_tokens(kTarget) : values.num_sentences();
+  spec.dim = extractor.dim();
+  spec.fp16 = options.fp16;
+  spec.identity = std::move(identity);
+  return spec;
+}
+
 absl::StatusOr<KeysReport> ComputeKeys(const ValuesReader& values, FeatureExtractor& extractor,
                                        const KeysOptions& options,
                                        std::map<std::string, std::string> identity,
@@ -144,18 +157,14 @@ absl::StatusOr<KeysReport> ComputeKeys(const ValuesReader& values, FeatureExtrac
   const std::vector<int64_t> lengths = BatchLengths(values, options.kind);
   const std::vector<Batch> batches =
       PlanBatches(lengths, options.max_tokens, options.max_sentences);
-  // The batch plan decides the bytes: a resumed run must use the same one.
-  identity["batching"] =
-      absl::StrCat("max_tokens=", options.max_tokens, ",max_sentences=", options.max_sentences);
   std::vector<int64_t> first_row;
   for (const Batch& b : batches) {
     first_row.push_back(tokens ? values.offsets(kTarget)[b.begin] : b.begin);
   }
-  KeysFileSpec spec;
-  spec.rows = tokens ? values.num_tokens(kTarget) : values.num_sentences();
-  spec.dim = extractor.dim();
-  spec.fp16 = options.fp16;
-  spec.identity = std::move(identity);
+  KeysFileSpec spec = KeysSpec(values, extractor, options, std::move(identity));
+  // The batch plan decides the bytes: a resumed run must use the same one.
+  spec.layout["batching"] =
+      absl::StrCat("max_tokens=", options.max_tokens, ",max_sentences=", options.max_sentences);
   ASSIGN_OR_RETURN(std::unique_ptr<KeysFileWriter> writer,
                    KeysFileWriter::CreateOrResume(out_path, spec));
   KeysReport report;
@@ -230,13 +239,23 @@ absl::StatusOr<KeysReport> RunKeysStep(const KeysStepOptions& options) {
       {"values_sha256", values_digest.sha256},
       {"tokenizer_sha256", tokenizer.sha256},
       {"feature", tokens ? options.feature : std::string("encoder_mean")}};
-  if (std::filesystem::exists(options.out_path)) {
-    RETURN_IF_ERROR(CheckKeysFile(options.out_path, identity));
-    KeysReport report;
-    report.already_complete = true;
-    ASSIGN_OR_RETURN(report.digest, DigestFile(options.out_path));
-    report.dim = loaded.extractor->dim();
-    return report;
+  std::error_code error;
+  if (std::filesystem::exists(options.out_path, error)) {
+    const KeysFileSpec spec = KeysSpec(*values, *loaded.extractor, options.keys, identity);
+    ASSIGN_OR_RETURN(const bool matches, CompleteKeysFileMatches(options.out_path, spec));
+    if (matches) {
+      KeysReport report;
+      report.already_complete = true;
+      ASSIGN_OR_RETURN(report.digest, DigestFile(options.out_path));
+      report.rows = spec.rows;
+      report.dim = spec.dim;
+      return report;
+    }
+    // Complete keys of this computation in another dtype (a run with other options stopped
+    // after publishing them): computed again as asked.
+    std::fprintf(stderr, "keys: %s holds keys of another shape or dtype: computing them again\n",
+                 options.out_path.c_str());
+    std::filesystem::remove(options.out_path, error);
   }
   return ComputeKeys(*values, *loaded.extractor, options.keys, identity, options.out_path);
 }

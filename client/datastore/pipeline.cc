@@ -92,11 +92,18 @@ class Pipeline {
     }
     // Recomputing: this step's and every later step's recorded outputs are stale, and their
     // records go (on disk with this step's record: a run stopped before the later steps cannot
-    // leave them recorded as made from the old output). An output we recorded that no longer
-    // verifies, or one made from stale inputs or other options, is removed first so the step
-    // cannot adopt it; a partial output is kept (resumed) unless its inputs or options changed.
+    // leave them recorded as made from the old output). A step whose output is gone once it
+    // starts writes that to disk before it runs: stopped after publishing its output (keys of
+    // hundreds of GB are hashed twice after that) but before its record, the next run finds the
+    // output unrecorded and the keys steps adopt it (after checking it), where the old record
+    // had it removed as not verifying. An output we recorded that no longer verifies, or one
+    // made from stale inputs or other options, is removed first so the step cannot adopt it;
+    // a partial output is kept (resumed) unless its inputs or options changed.
     upstream_changed_ = true;
     ForgetStepsNotRunYet();
+    if (!step.replaced_when_done) {
+      RETURN_IF_ERROR(WriteDatastoreManifest(options_.out_dir, manifest_));
+    }
     std::error_code ignored;
     if (stale_inputs || (recorded && !step.replaced_when_done)) fs::remove(path, ignored);
     if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
@@ -150,6 +157,9 @@ std::string IndexOptions(const IndexBuildOptions& o) {
 }
 
 std::string KeysDetail(const KeysReport& r) {
+  if (r.already_complete) {
+    return absl::StrFormat("%d x %d keys, already complete (checked and kept)", r.rows, r.dim);
+  }
   return absl::StrFormat("%d x %d keys, %.0f rows/s, padding %.1f%%, resumed from row %d", r.rows,
                          r.dim, r.rows_per_second, 100 * r.padding_fraction, r.resumed_from);
 }

@@ -64,7 +64,12 @@ absl::StatusOr<DatastoreManifest> DatastoreManifest::FromJson(const std::string&
 
 absl::StatusOr<std::optional<DatastoreManifest>> ReadDatastoreManifest(const std::string& dir) {
   const std::string path = ManifestPath(dir);
-  if (!std::filesystem::exists(path)) return std::optional<DatastoreManifest>();
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) {
+    if (error)
+      return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", error.message()));
+    return std::optional<DatastoreManifest>();
+  }
   ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, ReadFileBytes(path));
   ASSIGN_OR_RETURN(DatastoreManifest manifest,
                    DatastoreManifest::FromJson(std::string(bytes.begin(), bytes.end()), path));

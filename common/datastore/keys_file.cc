@@ -42,38 +42,51 @@ absl::Status CheckIdentity(const Hdf5File& file,
   return absl::OkStatus();
 }
 
-absl::Status CheckShape(const Hdf5File& file, const KeysFileSpec& spec) {
+// Whether `file` holds every attribute of `attributes` with its value.
+bool HasAttributes(const Hdf5File& file, const std::map<std::string, std::string>& attributes) {
+  for (const auto& [name, expected] : attributes) {
+    absl::StatusOr<std::string> actual = file.GetStringAttribute(name);
+    if (!actual.ok() || *actual != expected) return false;
+  }
+  return true;
+}
+
+// Whether /keys of `file` has the shape and dtype `spec` writes.
+absl::StatusOr<bool> HasShape(const Hdf5File& file, const KeysFileSpec& spec) {
   ASSIGN_OR_RETURN(const auto shape, file.Shape(kKeys));
   ASSIGN_OR_RETURN(const Hdf5Type type, file.TypeOf(kKeys));
   const Hdf5Type expected_type = spec.fp16 ? Hdf5Type::kFloat16 : Hdf5Type::kFloat32;
-  if (shape.first != spec.rows || shape.second != spec.dim || type != expected_type) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(file.path(), ": /keys is [", shape.first, ", ", shape.second, "] ",
-                     type == Hdf5Type::kFloat16 ? "float16" : "float32", ", this run writes [",
-                     spec.rows, ", ", spec.dim, "] ", spec.fp16 ? "float16" : "float32"));
-  }
-  return absl::OkStatus();
+  return shape.first == spec.rows && shape.second == spec.dim && type == expected_type;
 }
 
+// Creates the keys file at `path` under a temporary name and publishes it with its attributes
+// set: a run killed while creating it leaves no file at `path` that looks resumable.
 absl::StatusOr<std::unique_ptr<Hdf5File>> CreateKeysFile(const std::string& path,
                                                          const KeysFileSpec& spec) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file, Hdf5File::Open(path, Hdf5File::Mode::kCreate));
-  const int64_t bytes_per_row = static_cast<int64_t>(spec.dim) * (spec.fp16 ? 2 : 4);
-  const int64_t chunk_rows =
-      spec.chunk_rows > 0 ? spec.chunk_rows : std::max<int64_t>(1, (1 << 20) / bytes_per_row);
-  RETURN_IF_ERROR(file->CreateMatrix(kKeys, spec.fp16 ? Hdf5Type::kFloat16 : Hdf5Type::kFloat32,
-                                     spec.rows, spec.dim, chunk_rows));
-  RETURN_IF_ERROR(file->SetAttribute("format", absl::string_view(kKeysFormat)));
-  RETURN_IF_ERROR(file->SetAttribute("dim", static_cast<int64_t>(spec.dim)));
-  RETURN_IF_ERROR(
-      file->SetAttribute("dtype", absl::string_view(spec.fp16 ? "float16" : "float32")));
-  for (const auto& [name, value] : spec.identity) {
-    RETURN_IF_ERROR(file->SetAttribute(name, absl::string_view(value)));
+  const std::string fresh = path + ".new";
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file,
+                     Hdf5File::Open(fresh, Hdf5File::Mode::kCreate));
+    const int64_t bytes_per_row = static_cast<int64_t>(spec.dim) * (spec.fp16 ? 2 : 4);
+    const int64_t chunk_rows =
+        spec.chunk_rows > 0 ? spec.chunk_rows : std::max<int64_t>(1, (1 << 20) / bytes_per_row);
+    RETURN_IF_ERROR(file->CreateMatrix(kKeys, spec.fp16 ? Hdf5Type::kFloat16 : Hdf5Type::kFloat32,
+                                       spec.rows, spec.dim, chunk_rows));
+    RETURN_IF_ERROR(file->SetAttribute("format", absl::string_view(kKeysFormat)));
+    RETURN_IF_ERROR(file->SetAttribute("dim", static_cast<int64_t>(spec.dim)));
+    RETURN_IF_ERROR(
+        file->SetAttribute("dtype", absl::string_view(spec.fp16 ? "float16" : "float32")));
+    for (const auto* attributes : {&spec.identity, &spec.layout}) {
+      for (const auto& [name, value] : *attributes) {
+        RETURN_IF_ERROR(file->SetAttribute(name, absl::string_view(value)));
+      }
+    }
+    RETURN_IF_ERROR(file->SetAttribute("complete", int64_t{0}));
+    RETURN_IF_ERROR(file->SetAttribute("rows_completed", int64_t{0}));
+    RETURN_IF_ERROR(file->Close());
   }
-  RETURN_IF_ERROR(file->SetAttribute("complete", int64_t{0}));
-  RETURN_IF_ERROR(file->SetAttribute("rows_completed", int64_t{0}));
-  RETURN_IF_ERROR(file->Flush());
-  return file;
+  RETURN_IF_ERROR(PublishFile(fresh, path));
+  return Hdf5File::Open(path, Hdf5File::Mode::kReadWrite);
 }
 
 }  // namespace
@@ -100,20 +113,29 @@ absl::StatusOr<std::unique_ptr<KeysFileWriter>> KeysFileWriter::CreateOrResume(
   // What a publish needs: the keys plus HDF5's metadata (chunk index, attributes).
   const int64_t final_bytes = spec.rows * spec.dim * (spec.fp16 ? 2 : 4) + (256 << 10);
   RETURN_IF_ERROR(CheckRoomFor(partial, final_bytes));
-  if (std::filesystem::exists(partial)) {
+  std::error_code error;
+  std::filesystem::remove(partial + ".new", error);  // a creation that never finished
+  if (std::filesystem::exists(partial, error)) {
     absl::StatusOr<std::unique_ptr<Hdf5File>> opened =
         Hdf5File::Open(partial, Hdf5File::Mode::kReadWrite);
-    if (opened.ok()) {
-      file = *std::move(opened);
-    } else {
-      // Not even readable HDF5 (a run killed while creating it, or a full disk): it holds no
-      // completed rows, so it is started over.
-      std::filesystem::remove(partial);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
+                          absl::StrCat("cannot resume ", partial,
+                                       " (kept; is another process "
+                                       "using it? HDF5 refuses files open elsewhere; remove it "
+                                       "to start over): ",
+                                       opened.status().message()));
+    }
+    file = *std::move(opened);
+    RETURN_IF_ERROR(CheckIdentity(*file, spec.identity));
+    ASSIGN_OR_RETURN(const bool same_shape, HasShape(*file, spec));
+    if (!same_shape || !HasAttributes(*file, spec.layout)) {  // other options: rows of no use
+      RETURN_IF_ERROR(file->Close());
+      file.reset();
+      std::filesystem::remove(partial, error);
     }
   }
   if (file != nullptr) {
-    RETURN_IF_ERROR(CheckIdentity(*file, spec.identity));
-    RETURN_IF_ERROR(CheckShape(*file, spec));
     ASSIGN_OR_RETURN(rows_completed, file->GetIntAttribute("rows_completed"));
     if (rows_completed < 0 || rows_completed > spec.rows) {
       return absl::DataLossError(
@@ -151,14 +173,14 @@ absl::StatusOr<FileDigest> KeysFileWriter::Commit() {
   return DigestFile(path_);
 }
 
-absl::Status CheckKeysFile(const std::string& path,
-                           const std::map<std::string, std::string>& identity) {
+absl::StatusOr<bool> CompleteKeysFileMatches(const std::string& path, const KeysFileSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file, Hdf5File::Open(path, Hdf5File::Mode::kReadOnly));
   ASSIGN_OR_RETURN(const int64_t complete, file->GetIntAttribute("complete"));
   if (complete != 1) {
     return absl::DataLossError(absl::StrCat(path, " is not marked complete"));
   }
-  return CheckIdentity(*file, identity);
+  RETURN_IF_ERROR(CheckIdentity(*file, spec.identity));
+  return HasShape(*file, spec);
 }
 
 }  // namespace knnserve

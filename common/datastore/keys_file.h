@@ -32,6 +32,9 @@ struct KeysFileSpec {
   int64_t chunk_rows = 0;  // HDF5 chunk; 0 picks about 1 MiB per chunk
   // Identity of the computation: stored as string attributes and compared on resume.
   std::map<std::string, std::string> identity;
+  // How the rows are computed (e.g. the batch plan): stored too; a partial made with another
+  // layout is started over on resume, not refused.
+  std::map<std::string, std::string> layout;
 };
 
 class Hdf5File;
@@ -39,7 +42,11 @@ class Hdf5File;
 class KeysFileWriter {
  public:
   // Resumes "<path>.partial" when it exists with the same shape, dtype and identity; FAILED_
-  // PRECONDITION naming the difference when it exists with another; creates it otherwise.
+  // PRECONDITION naming the difference when it exists with another identity (another model,
+  // tokenizer or datastore); starts it over when only its shape, dtype or layout differ; creates it
+  // otherwise. A partial that cannot be opened is kept and the error names it (HDF5 refuses
+  // to open a file another process holds): it is never created under its own name, so it is
+  // never a half-created file.
   static absl::StatusOr<std::unique_ptr<KeysFileWriter>> CreateOrResume(const std::string& path,
                                                                         const KeysFileSpec& spec);
   ~KeysFileWriter();
@@ -67,10 +74,10 @@ class KeysFileWriter {
   int64_t rows_written_;
 };
 
-// The identity attributes of a complete keys file, and FAILED_PRECONDITION naming the first that
-// differs from `identity` (or DATA_LOSS when the file is not marked complete).
-absl::Status CheckKeysFile(const std::string& path,
-                           const std::map<std::string, std::string>& identity);
+// Whether the complete keys file at `path` is what `spec` would compute: FAILED_PRECONDITION
+// naming the first identity attribute that differs (another computation), DATA_LOSS when the
+// file is not marked complete, false when only its shape or dtype differ, true when it matches.
+absl::StatusOr<bool> CompleteKeysFileMatches(const std::string& path, const KeysFileSpec& spec);
 
 }  // namespace knnserve
 

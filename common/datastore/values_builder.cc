@@ -104,6 +104,13 @@ void TokenizeLine(const std::string& line, const ValuesBuildOptions& options,
     out.error = source.ok() ? target.status() : source.status();
     return;
   }
+  // A side of non-breaking spaces, zero-width or control characters passes the blank check
+  // but normalizes to no token: its keys would teach "EOS first".
+  if (source->size() == 1 || target->size() == 1) {
+    out.bad = true;
+    out.kind = BadLineKind::kEmptySide;
+    return;
+  }
   if (static_cast<int64_t>(source->size()) > options.max_tokens ||
       static_cast<int64_t>(target->size()) > options.max_tokens) {
     out.bad = true;

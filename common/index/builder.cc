@@ -45,6 +45,14 @@ absl::Status CheckOptions(const KeySource& keys, const ValueSource* values,
     return absl::InvalidArgumentError(
         absl::StrCat(keys.rows(), " keys cannot fill ", o.shards, " shards"));
   }
+  // Shards number their vectors with 32-bit local ids (global id = shard base + local): a
+  // larger shard could be built, after hours, but never served.
+  constexpr int64_t kMostPerShard = (int64_t{1} << 32) - (int64_t{1} << 24);  // room for boundaries
+  if ((keys.rows() + o.shards - 1) / o.shards > kMostPerShard) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        keys.rows(), " keys in ", o.shards, " shards: a shard holds fewer than 2^32 vectors; use ",
+        "at least ", (keys.rows() + kMostPerShard - 1) / kMostPerShard, " shards"));
+  }
   if (values != nullptr) {
     RETURN_IF_ERROR(
         ValidateOffsets(values->offsets(), values->num_tokens(), "/offsets", "/tokens"));

@@ -269,7 +269,9 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::strin
   ASSIGN_OR_RETURN(std::shared_ptr<const SubsetQuantizer> quantizer,
                    LoadQuantizer(dir, manifest, options));
   std::vector<ShardParts> parts;
-  bool mergeable = options.merge_shards && manifest.shards.size() > 1;
+  // A merged IvfAdc numbers all vectors with 32-bit ids: beyond, the shards stay apart.
+  bool mergeable = options.merge_shards && manifest.shards.size() > 1 &&
+                   manifest.total_vectors < (int64_t{1} << 32);
   for (int s = 0; s < static_cast<int>(manifest.shards.size()); ++s) {
     ASSIGN_OR_RETURN(ShardParts shard, LoadShardParts(dir, manifest, s, options));
     // Without full search only the subset codes are merged.

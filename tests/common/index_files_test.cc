@@ -92,6 +92,16 @@ TEST(Files, ADeviceIsWrittenInPlaceAndADirectoryIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a directory")));
 }
 
+TEST(Files, ADirectoryLockIsHeldByOneHolderAtATime) {
+  const std::string dir = FreshTempDir("lock").string() + "/ds";
+  ASSERT_OK_AND_ASSIGN(auto first, DirectoryLock::Acquire(dir));  // creates the directory
+  EXPECT_THAT(DirectoryLock::Acquire(dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("another knnserve command is writing " + dir)));
+  first.reset();
+  EXPECT_THAT(DirectoryLock::Acquire(dir), IsOk());
+}
+
 TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
   const std::string dir = FreshTempDir("verify").string();
   ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/c.bin", "content"));
@@ -219,6 +229,30 @@ TEST(Hdf5Datastore, BuildFromHdf5EqualsBuildFromMemory) {
         ds.values.tokens.data() + shard.id_begin, shard.id_end - shard.id_begin));
     EXPECT_EQ(shard.values->digest.sha256, Sha256Hex(one_shot));
   }
+}
+
+// Keys that would give a shard 2^32 vectors or more are refused before anything is read or
+// trained (shards number their vectors with 32-bit ids: the shard could never be served).
+TEST(IndexBuild, ShardsOfMoreThan32BitIdsAreRefusedUpFront) {
+  class HugeKeys : public KeySource {
+   public:
+    int64_t rows() const override { return int64_t{5} << 30; }
+    int dim() const override { return 4; }
+    absl::Status Read(int64_t, int64_t, float*) const override {
+      return absl::InternalError("read");
+    }
+  } keys;
+  IndexBuildOptions options;
+  options.factory = "IVF4,PQ2";
+  options.progress.out = nullptr;
+  const std::string dir = FreshTempDir("huge").string();
+  EXPECT_THAT(BuildIndex(keys, nullptr, options, dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a shard holds fewer than 2^32 vectors; use at least 2 shards")));
+  options.shards = 2;  // allowed: the build goes on to read the keys
+  const absl::Status two = BuildIndex(keys, nullptr, options, dir).status();
+  EXPECT_FALSE(two.ok());
+  EXPECT_THAT(two.message(), ::testing::Not(HasSubstr("2^32")));
 }
 
 // A build over an existing index leaves only its own files: those of the old index's extra

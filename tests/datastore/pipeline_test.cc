@@ -98,6 +98,39 @@ TEST_F(PipelineTest, ARerunWithOtherIndexOptionsRebuildsTheIndexAndKeepsTheKeys)
   EXPECT_THAT(Skipped(fp32), ::testing::ElementsAre("values"));
 }
 
+// A run stopped after the keys step published keys.h5 but before datastore.json recorded it
+// (the records of the steps being recomputed are gone from it by then): the next run adopts
+// the keys when they are what it asks for, and computes them again in the dtype it asks for.
+TEST_F(PipelineTest, KeysPublishedButNotRecordedAreAdoptedOnlyInTheDtypeAskedFor) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  const std::string keys = Path("ds/") + kKeysFileName;
+  ASSERT_OK_AND_ASSIGN(const FileDigest built, DigestFile(keys));
+  const auto forget_keys_and_later = [this] {
+    ASSERT_OK_AND_ASSIGN(std::optional<DatastoreManifest> manifest,
+                         ReadDatastoreManifest(Path("ds")));
+    ASSERT_TRUE(manifest.has_value());
+    for (const char* step : {"keys", "sentence_keys", "index", "sentence_index"}) {
+      manifest->steps.erase(step);
+      manifest->step_options.erase(step);
+    }
+    ASSERT_OK(WriteDatastoreManifest(Path("ds"), *manifest));
+  };
+  forget_keys_and_later();
+  ASSERT_OK_AND_ASSIGN(const auto adopted, BuildDatastore(Options()));
+  EXPECT_THAT(adopted[1].detail, HasSubstr("already complete"));
+  ASSERT_OK_AND_ASSIGN(const FileDigest after, DigestFile(keys));
+  EXPECT_EQ(after.sha256, built.sha256);
+
+  forget_keys_and_later();
+  BuildOptions fp32 = Options();
+  fp32.keys.fp16 = false;
+  ASSERT_OK_AND_ASSIGN(const auto recomputed, BuildDatastore(fp32));
+  EXPECT_THAT(recomputed[1].detail, ::testing::Not(HasSubstr("already complete")));
+  ASSERT_OK_AND_ASSIGN(auto file, Hdf5File::Open(keys, Hdf5File::Mode::kReadOnly));
+  ASSERT_OK_AND_ASSIGN(const Hdf5Type type, file->TypeOf("/keys"));
+  EXPECT_EQ(type, Hdf5Type::kFloat32);
+}
+
 TEST_F(PipelineTest, AFailedRebuildWithBadIndexOptionsKeepsTheOldIndex) {
   ASSERT_OK(BuildDatastore(Options()).status());
   ASSERT_OK_AND_ASSIGN(const IndexManifest before, ReadManifest(Path("ds/index")));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/datastore/batch_plan.h"
 #include "common/datastore/hdf5_datastore.h"
@@ -147,6 +148,18 @@ TEST_F(ValuesTest, BadLinesAreCountedAndReportedWithTheirLineNumbers) {
   ASSERT_OK_AND_ASSIGN(const ValuesFile values, ReadValuesFile(options.out_path));
   EXPECT_EQ(values.bad_lines, 5);
   EXPECT_THAT(values.order, ElementsAre(0, 6));
+}
+
+// A side that is not blank but tokenizes to nothing (SentencePiece normalizes non-breaking and
+// zero-width spaces away) is an empty side, not a sentence of EOS alone.
+TEST_F(ValuesTest, ASideOfNoTokensIsAnEmptySide) {
+  const auto drop_nbsp = [](absl::string_view text) {
+    return FakeTokenize(absl::StrReplaceAll(text, {{"\xc2\xa0", ""}}));
+  };
+  ValuesBuildOptions options = Options("a\tb\nx\t\xc2\xa0\nc\td\n");
+  ASSERT_OK_AND_ASSIGN(const ValuesReport report, BuildValues(options, drop_nbsp));
+  EXPECT_EQ(report.sentences, 2);
+  EXPECT_THAT(report.bad.examples, ElementsAre("line 2: empty side"));
 }
 
 TEST_F(ValuesTest, StrictModeFailsOnTheFirstBadLineAndWritesNothing) {
@@ -420,8 +433,13 @@ TEST_F(KeysFileTest, ResumesAtTheLastCheckpointAndPublishesOnlyWhenComplete) {
   std::vector<float> all(30);
   ASSERT_OK(keys->Read(0, 10, all.data()));
   EXPECT_FLOAT_EQ(all[4 * 3], 4.0f);  // row 4 is the resumed run's, not the lost one's
-  EXPECT_OK(CheckKeysFile(path, {{"model_sha256", "m"}}));
-  EXPECT_THAT(CheckKeysFile(path, {{"model_sha256", "other"}}),
+  ASSERT_OK_AND_ASSIGN(const bool matches, CompleteKeysFileMatches(path, Spec("m")));
+  EXPECT_TRUE(matches);
+  KeysFileSpec fp32 = Spec("m");
+  fp32.fp16 = !fp32.fp16;
+  ASSERT_OK_AND_ASSIGN(const bool fp32_matches, CompleteKeysFileMatches(path, fp32));
+  EXPECT_FALSE(fp32_matches);
+  EXPECT_THAT(CompleteKeysFileMatches(path, Spec("other")),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("model_sha256")));
 }
 
@@ -434,10 +452,46 @@ TEST_F(KeysFileTest, APartialFileOfAnotherComputationIsRefused) {
   }
   EXPECT_THAT(KeysFileWriter::CreateOrResume(path, Spec("another model")),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("model_sha256 = \"m\"")));
+}
+
+// A partial of this computation with another shape, dtype or layout holds no usable rows: it is
+// started over.
+TEST_F(KeysFileTest, APartialFileOfOtherOptionsIsStartedOver) {
+  const std::string path = Path("keys.h5");
+  {
+    ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, Spec("m")));
+    ASSERT_OK(writer->Append(Rows(4, 0).view()));
+    ASSERT_OK(writer->Checkpoint());
+  }
   KeysFileSpec wider = Spec("m");
   wider.dim = 4;
-  EXPECT_THAT(KeysFileWriter::CreateOrResume(path, wider),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("[10, 3]")));
+  KeysFileSpec batched = Spec("m");
+  batched.layout["batching"] = "other";
+  for (const KeysFileSpec& spec : {wider, batched, Spec("m")}) {
+    ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, spec));
+    EXPECT_EQ(writer->resumed_from(), 0);
+  }
+}
+
+// A partial that cannot be opened is kept, and the error names it: the old code deleted it
+// whatever the reason (HDF5 refuses a file another process holds open).
+TEST_F(KeysFileTest, APartialThatCannotBeOpenedIsKept) {
+  const std::string path = Path("keys.h5");
+  std::ofstream(PartialPath(path)) << "not HDF5";
+  const absl::Status status = KeysFileWriter::CreateOrResume(path, Spec("m")).status();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("cannot resume " + PartialPath(path) + " (kept"));
+  EXPECT_TRUE(std::filesystem::exists(PartialPath(path)));
+}
+
+// A creation killed before the partial was published leaves "<partial>.new", never a partial:
+// the next run starts over.
+TEST_F(KeysFileTest, AnUnfinishedCreationIsStartedOver) {
+  const std::string path = Path("keys.h5");
+  std::ofstream(PartialPath(path) + ".new") << "half-created";
+  ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, Spec("m")));
+  EXPECT_EQ(writer->resumed_from(), 0);
+  EXPECT_FALSE(std::filesystem::exists(PartialPath(path) + ".new"));
 }
 
 }  // namespace
