@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/cli/commands.h"
 #include "common/cli_checks.h"
 #include "common/datastore/hdf5_datastore.h"
+#include "common/files.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
 #include "common/index/manifest.h"
@@ -40,7 +42,19 @@ void RunBuild(BuildFlags& f) {
   f.options.metric = ParseMetric(f.metric);
   std::unique_ptr<Hdf5KeySource> keys = ValueOrExit(Hdf5KeySource::Open(f.keys));
   std::unique_ptr<Hdf5ValueSource> values;  // streamed: only the offsets stay in memory
-  if (!f.values.empty()) values = ValueOrExit(Hdf5ValueSource::Open(f.values));
+  if (!f.values.empty()) {
+    values = ValueOrExit(Hdf5ValueSource::Open(f.values));
+    // Equal token counts do not make them the keys' values: the same corpus tokenized twice
+    // differently, or shuffled, has as many tokens in another order.
+    if (!keys->values_sha256().empty()) {
+      const FileDigest digest = ValueOrExit(DigestFile(f.values));
+      if (digest.sha256 != keys->values_sha256()) {
+        ExitOnError(absl::FailedPreconditionError(absl::StrCat(
+            f.keys, " was computed from a values.h5 of sha256 ", keys->values_sha256(), "; ",
+            f.values, " has sha256 ", digest.sha256, ": the neighbours would get other tokens")));
+      }
+    }
+  }
   std::fprintf(stderr, "index build: %lld keys of dimension %d (%s) -> %s, \"%s\", %d shards\n",
                static_cast<long long>(keys->rows()), keys->dim(),
                keys->is_fp16() ? "float16" : "float32", f.out.c_str(), f.options.factory.c_str(),

@@ -58,8 +58,13 @@ struct Hdf5KeySource::Handles {
 };
 
 Hdf5KeySource::Hdf5KeySource(std::string path, std::unique_ptr<Handles> handles, int64_t rows,
-                             int dim, bool fp16)
-    : path_(std::move(path)), handles_(std::move(handles)), rows_(rows), dim_(dim), fp16_(fp16) {}
+                             int dim, bool fp16, std::string values_sha256)
+    : path_(std::move(path)),
+      handles_(std::move(handles)),
+      rows_(rows),
+      dim_(dim),
+      fp16_(fp16),
+      values_sha256_(std::move(values_sha256)) {}
 
 Hdf5KeySource::~Hdf5KeySource() = default;
 
@@ -79,8 +84,26 @@ absl::StatusOr<std::unique_ptr<Hdf5KeySource>> Hdf5KeySource::Open(const std::st
     if (type.getClass() != H5T_FLOAT || (type.getSize() != 2 && type.getSize() != 4)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": /keys must be float16 or float32"));
     }
+    // Keys of `knnserve datastore keys` say whether every row was computed; a file still being
+    // computed (or interrupted) holds arbitrary bytes past rows_completed.
+    if (handles->file.attrExists("complete")) {
+      int64_t complete = 0;
+      handles->file.openAttribute("complete").read(H5::PredType::NATIVE_INT64, &complete);
+      if (complete != 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path,
+            " is not complete (a keys computation still running or interrupted): finish "
+            "it with `knnserve datastore keys` first"));
+      }
+    }
+    std::string values_sha256;
+    if (handles->file.attrExists("values_sha256")) {
+      const H5::Attribute attribute = handles->file.openAttribute("values_sha256");
+      attribute.read(attribute.getStrType(), values_sha256);
+    }
     source.reset(new Hdf5KeySource(path, std::move(handles), static_cast<int64_t>(dims[0]),
-                                   static_cast<int>(dims[1]), type.getSize() == 2));
+                                   static_cast<int>(dims[1]), type.getSize() == 2,
+                                   std::move(values_sha256)));
     return absl::OkStatus();
   }));
   return source;

@@ -24,18 +24,22 @@ class Hdf5KeySource : public KeySource {
   int64_t rows() const override { return rows_; }
   int dim() const override { return dim_; }
   bool is_fp16() const { return fp16_; }
+  // The SHA-256 of the values.h5 the keys were computed from (`knnserve datastore keys` records
+  // it); empty for keys written elsewhere.
+  const std::string& values_sha256() const { return values_sha256_; }
   absl::Status Read(int64_t begin, int64_t end, float* out) const override;
 
  private:
   struct Handles;
   Hdf5KeySource(std::string path, std::unique_ptr<Handles> handles, int64_t rows, int dim,
-                bool fp16);
+                bool fp16, std::string values_sha256);
 
   const std::string path_;
   std::unique_ptr<Handles> handles_;
   const int64_t rows_;
   const int dim_;
   const bool fp16_;
+  const std::string values_sha256_;
 };
 
 // /tokens and /offsets of a values.h5 file (only those two: the pipeline's values.h5 or a

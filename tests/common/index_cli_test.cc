@@ -6,6 +6,8 @@
 
 #include "client/cli/commands.h"
 #include "common/datastore/hdf5_datastore.h"
+#include "common/datastore/hdf5_file.h"
+#include "common/files.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -69,6 +71,33 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
                  CLI::RuntimeError)
         << bad;
   }
+}
+
+// `index build` refuses keys that say they are not complete, and keys that name the sha256 of
+// other values than --values (equal token counts are not enough).
+TEST(IndexCli, BuildRefusesIncompleteKeysAndKeysOfOtherValues) {
+  const std::string dir = testing::FreshTempDir("cli_pairing").string();
+  const testing::Datastore ds = testing::MakeDatastore(300, 8, 5, 9);
+  const std::string keys = dir + "/keys.h5";
+  const std::string values = dir + "/values.h5";
+  ASSERT_THAT(WriteKeysHdf5(keys, ds.keys.view(), /*fp16=*/false), IsOk());
+  ASSERT_THAT(WriteValuesHdf5(values, ds.values), IsOk());
+  const auto set_attribute = [&keys](const std::string& name, auto value) {
+    ASSERT_OK_AND_ASSIGN(auto file, Hdf5File::Open(keys, Hdf5File::Mode::kReadWrite));
+    ASSERT_THAT(file->SetAttribute(name, value), IsOk());
+    ASSERT_THAT(file->Close(), IsOk());
+  };
+  const std::vector<std::string> build = {"index", "build",     "--keys", keys,    "--values",
+                                          values,  "--factory", "Flat",   "--out", dir + "/index"};
+  set_attribute("values_sha256", absl::string_view("0123"));
+  EXPECT_THROW(RunCli(build), CLI::RuntimeError);
+  ASSERT_OK_AND_ASSIGN(const FileDigest digest, DigestFile(values));
+  set_attribute("values_sha256", absl::string_view(digest.sha256));
+  EXPECT_THAT(RunCli(build), HasSubstr("\"factory\": \"Flat\""));
+  set_attribute("complete", int64_t{0});
+  EXPECT_THAT(Hdf5KeySource::Open(keys).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not complete")));
+  EXPECT_THROW(RunCli(build), CLI::RuntimeError);
 }
 
 TEST(IndexCli, OutOfRangeFlagsAreRefusedAtParse) {
