@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -338,27 +339,22 @@ void Router::ProbeLoop() {
 // not gets no calls (a wrong map entry would otherwise answer with another shard's vectors, or
 // twice with the same ones), and its reason is logged as an error. A replica's verdict changes
 // only when it answers Info; one that never answered gets no calls either.
-void Router::ProbeShard(ShardGroup* shard) {
-  struct Answer {
-    Replica* replica;
-    grpc::Status status;
-    v1::InfoResponse info;
-  };
-  std::vector<Answer> answers;
-  for (const auto& replica : shard->replicas()) {
-    Answer& answer = answers.emplace_back();
-    answer.replica = replica.get();
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
-    answer.status = replica->stub()->Info(&context, v1::InfoRequest(), &answer.info);
-  }
+struct Router::ProbeAnswer {
+  Replica* replica = nullptr;
+  grpc::ClientContext context;
+  grpc::Status status;
+  v1::InfoResponse info;
+};
+
+void Router::JudgeShard(ShardGroup* shard,
+                        const std::vector<std::unique_ptr<ProbeAnswer>>& answers) {
   const int32_t id = shard->shard_id();
   const std::optional<v1::InfoResponse> previous = shard->info();
   std::optional<v1::InfoResponse> reference;
   const auto find_reference = [&](const v1::InfoResponse* against) {
-    for (const Answer& a : answers) {
-      if (a.status.ok() && ReplicaMismatch(id, a.info, against).empty()) {
-        reference = against != nullptr ? *against : a.info;
+    for (const auto& a : answers) {
+      if (a->status.ok() && ReplicaMismatch(id, a->info, against).empty()) {
+        reference = against != nullptr ? *against : a->info;
         return;
       }
     }
@@ -371,11 +367,11 @@ void Router::ProbeShard(ShardGroup* shard) {
           {{"shard", id}, {"error", change}});
     }
   }
-  for (const Answer& a : answers) {
-    Replica& replica = *a.replica;
-    if (a.status.ok()) {
+  for (const auto& a : answers) {
+    Replica& replica = *a->replica;
+    if (a->status.ok()) {
       const std::string mismatch =
-          ReplicaMismatch(id, a.info, reference.has_value() ? &*reference : nullptr);
+          ReplicaMismatch(id, a->info, reference.has_value() ? &*reference : nullptr);
       if (!mismatch.empty() && replica.verdict() != Replica::Verdict::kMismatch) {
         Log(LogLevel::kError, "replica serves something else than the shard map says",
             {{"shard", id}, {"replica", replica.address()}, {"error", mismatch}});
@@ -383,18 +379,40 @@ void Router::ProbeShard(ShardGroup* shard) {
       replica.set_verdict(mismatch.empty() ? Replica::Verdict::kMatches
                                            : Replica::Verdict::kMismatch);
     }
-    const bool healthy = a.status.ok() && replica.verdict() == Replica::Verdict::kMatches;
+    const bool healthy = a->status.ok() && replica.verdict() == Replica::Verdict::kMatches;
     if (healthy != replica.healthy() && replica.verdict() != Replica::Verdict::kMismatch) {
       Log(healthy ? LogLevel::kInfo : LogLevel::kWarning, healthy ? "replica up" : "replica down",
-          {{"shard", id}, {"replica", replica.address()}, {"error", a.status.error_message()}});
+          {{"shard", id}, {"replica", replica.address()}, {"error", a->status.error_message()}});
     }
     replica.set_healthy(healthy);
   }
   if (reference.has_value()) shard->set_info(*std::move(reference));
 }
 
+// Every replica is asked at once: a round takes one probe timeout however many replicas are
+// unreachable (asked one after another, each unreachable one added its timeout to every health
+// and topology update).
 void Router::ProbeOnce() {
-  for (const auto& shard : shards_) ProbeShard(shard.get());
+  const v1::InfoRequest request;
+  const absl::Time deadline = absl::Now() + options_.probe_timeout;
+  std::vector<std::vector<std::unique_ptr<ProbeAnswer>>> answers(shards_.size());
+  size_t calls = 0;
+  for (const auto& shard : shards_) calls += shard->replicas().size();
+  absl::BlockingCounter pending(static_cast<int>(calls));
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    for (const auto& replica : shards_[s]->replicas()) {
+      ProbeAnswer* answer = answers[s].emplace_back(std::make_unique<ProbeAnswer>()).get();
+      answer->replica = replica.get();
+      answer->context.set_deadline(absl::ToChronoTime(deadline));
+      replica->stub()->async()->Info(&answer->context, &request, &answer->info,
+                                     [answer, &pending](grpc::Status status) {
+                                       answer->status = std::move(status);
+                                       pending.DecrementCount();
+                                     });
+    }
+  }
+  pending.Wait();
+  for (size_t s = 0; s < shards_.size(); ++s) JudgeShard(shards_[s].get(), answers[s]);
   Update();
 }
 

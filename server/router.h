@@ -70,7 +70,7 @@ class Router : public SearchBackend {
   QueryForm query_form() const override { return QueryForm::kPacked; }
   void Search(SearchCall call, SearchDone done) override;
 
-  // Probes every replica once, now (the prober does so every probe_interval).
+  // Probes every replica once, now, all at once (the prober does so every probe_interval).
   void ProbeOnce();
   bool healthy() const;
 
@@ -79,7 +79,9 @@ class Router : public SearchBackend {
 
   Router(RouterOptions options, std::vector<std::unique_ptr<ShardGroup>> shards);
   void ProbeLoop();
-  void ProbeShard(ShardGroup* shard);
+  struct ProbeAnswer;
+  // Verdicts and health of `shard`'s replicas from their answers (one per replica, in order).
+  void JudgeShard(ShardGroup* shard, const std::vector<std::unique_ptr<ProbeAnswer>>& answers);
   // Recomputes topology and health from the shards' infos and replica health.
   void Update();
   // The shards' topology once every shard has answered, else UNAVAILABLE with the reason.

@@ -1,5 +1,10 @@
 // knnserve-router in process, over in-process shards: exact answers, subset routing, coverage,
 // partial results, failover, hedging, deadlines, validation, health.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -340,6 +345,67 @@ TEST(RouterTest, AReplicaOfAnotherIndexGetsNoCalls) {
   }
   std::reverse(map[0].begin(), map[0].end());
   ExpectRefused(map, "serves a different index");
+}
+
+// A server that completes the HTTP/2 handshake (its SETTINGS, and the ACK of the client's) and
+// then never answers: calls to it hang until their deadline, as to a wedged replica. (A socket
+// that only listens fails at once here: the router's channels give a connection attempt 100 ms.)
+class Unresponsive {
+ public:
+  Unresponsive() : listen_fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    KNNSERVE_CHECK(
+        ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+            ::listen(listen_fd_, 16) == 0,
+        "unresponsive server socket");
+    socklen_t length = sizeof(address);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    address_ = absl::StrCat("127.0.0.1:", ntohs(address.sin_port));
+    thread_ = std::thread([this] {
+      // An empty SETTINGS frame, then a SETTINGS ACK (9-byte frame headers, stream 0).
+      static constexpr unsigned char kFrames[18] = {0, 0, 0, 4, 0, 0, 0, 0, 0,
+                                                    0, 0, 0, 4, 1, 0, 0, 0, 0};
+      while (true) {
+        const int fd = ::accept(listen_fd_, nullptr, nullptr);
+        if (fd < 0) return;  // the listening socket was shut down
+        ::send(fd, kFrames, sizeof(kFrames), MSG_NOSIGNAL);
+        connections_.push_back(fd);  // kept open, never read: the calls on it wait
+      }
+    });
+  }
+  ~Unresponsive() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(listen_fd_);
+    for (const int fd : connections_) ::close(fd);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  const int listen_fd_;
+  std::string address_;
+  std::vector<int> connections_;  // touched by thread_ only until it is joined
+  std::thread thread_;
+};
+
+// Every replica is probed at once: three replicas that never answer cost a probe round one
+// probe timeout, not three (asked one after another, they delayed every health update by the
+// sum), and the shard's answering replica keeps it serving.
+TEST(RouterTest, ProbesEveryReplicaAtOnce) {
+  Cluster cluster(1, 1);
+  Unresponsive wedged[3];
+  ShardMap map = cluster.map();
+  for (const Unresponsive& replica : wedged) map[0].push_back(replica.address());
+  RouterOptions options = FastRouterOptions();
+  options.probe_interval = absl::Hours(1);  // only the rounds this test runs
+  options.probe_timeout = absl::Seconds(3);
+  TestRouter router(map, options, {}, /*wait=*/false);
+  const absl::Time start = absl::Now();
+  router.router().ProbeOnce();
+  EXPECT_LT(absl::Now() - start, 2 * options.probe_timeout);  // one after another: 3 timeouts
+  EXPECT_TRUE(router.router().healthy());
 }
 
 // Clients size their requests by Info's limits (RemoteRetriever splits steps by max_rows): a
