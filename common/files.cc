@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -206,10 +207,30 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std:
     }
     return absl::ErrnoToStatus(err, absl::StrCat("cannot lock ", path));
   }
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(fd));
+  return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd));
 }
 
 DirectoryLock::~DirectoryLock() { ::close(fd_); }
+
+int DirectoryLock::RemoveDebris() const {
+  const std::string own = absl::StrCat(::getpid());
+  int removed = 0;
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir_, error);
+       !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (!it->is_regular_file(error)) continue;
+    const std::string name = it->path().filename().string();
+    const size_t dot = name.rfind('.');
+    if (dot == std::string::npos || dot + 1 == name.size()) continue;
+    const std::string pid = name.substr(dot + 1);
+    if (pid == own || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stem = name.substr(0, dot);
+    if (!absl::EndsWith(stem, ".tmp") && !absl::EndsWith(stem, ".spill")) continue;
+    std::error_code ignored;
+    if (std::filesystem::remove(it->path(), ignored)) ++removed;
+  }
+  return removed;
+}
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

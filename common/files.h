@@ -54,8 +54,15 @@ class DirectoryLock {
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
 
+  // Removes what writers killed in the directory left behind (a spill file holds 8 bytes per
+  // corpus token, a shard's temporary its whole size): files named NAME.tmp.PID and
+  // NAME.spill.PID of another process, in the directory and in its subdirectories. Holding the
+  // lock, no other writer's files can be among them. Returns how many were removed.
+  int RemoveDebris() const;
+
  private:
-  explicit DirectoryLock(int fd) : fd_(fd) {}
+  DirectoryLock(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
+  const std::string dir_;
   const int fd_;
 };
 

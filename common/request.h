@@ -95,6 +95,10 @@ struct SubsetSource {
 inline constexpr absl::string_view kUnknownSubsetSession = "unknown subset_session";
 bool IsUnknownSubsetSession(const absl::Status& status);
 
+// The message (prefix) of the UNAVAILABLE a shard answers when its queue is full; a router
+// reports such a shard's gap as DEGRADED_REASON_OVERLOADED.
+inline constexpr absl::string_view kShardOverloaded = "shard overloaded";
+
 // The longest subset_session token accepted.
 inline constexpr size_t kMaxSubsetSessionBytes = 64;
 // A new random token for a subset session (16 bytes: no two sessions of any router collide).

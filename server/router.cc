@@ -88,8 +88,11 @@ v1::DegradedReason ReasonFor(const absl::Status& status) {
     case absl::StatusCode::kDeadlineExceeded:
       return v1::DEGRADED_REASON_TIMEOUT;
     case absl::StatusCode::kUnavailable:
-      return absl::StrContains(status.message(), "loading") ? v1::DEGRADED_REASON_LOADING
-                                                            : v1::DEGRADED_REASON_SHARD_DOWN;
+      if (absl::StrContains(status.message(), "loading")) return v1::DEGRADED_REASON_LOADING;
+      if (absl::StrContains(status.message(), kShardOverloaded)) {
+        return v1::DEGRADED_REASON_OVERLOADED;
+      }
+      return v1::DEGRADED_REASON_SHARD_DOWN;
     default:
       return v1::DEGRADED_REASON_ERROR;
   }

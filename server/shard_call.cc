@@ -35,6 +35,9 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
     cancel_id_ = cancel->OnCancel([weak] {
       if (auto self = weak.lock()) self->CancelAll();
     });
+    closing_id_ = shard_->closing().OnCancel([weak] {
+      if (auto self = weak.lock()) self->CancelAll();
+    });
     if (cancel->cancelled()) {
       {
         absl::MutexLock lock(&mu_);
@@ -201,6 +204,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
 
   void Finish(absl::StatusOr<v1::SearchResponse> result) {
     cancel_->Forget(cancel_id_);
+    shard_->closing().Forget(closing_id_);
     const ShardMetrics& metrics = shard_->metrics();
     (result.ok() ? metrics.requests_ok : metrics.requests_failed)->Increment();
     metrics.latency->ObserveDuration(absl::Now() - start_);
@@ -231,6 +235,7 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
   const absl::Time start_;
   std::shared_ptr<CancelToken> cancel_;  // set by Start
   int64_t cancel_id_ = -1;
+  int64_t closing_id_ = -1;
 
   absl::Mutex mu_;
   std::vector<std::shared_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);

@@ -76,10 +76,10 @@ ShardGroup::ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> r
       metrics_(MakeShardMetrics(metrics, shard_id)) {}
 
 ShardGroup::~ShardGroup() {
+  closing_.Cancel();
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](int* live) { return *live == 0; }, &live_calls_),
-                       absl::Seconds(10));
+  mu_.Await(absl::Condition(
+      +[](int* live) { return *live == 0; }, &live_calls_));
 }
 
 void ShardGroup::CallBegan() {

@@ -18,6 +18,7 @@
 #include "knnserve/v1/retrieval.grpc.pb.h"
 #include "server/latency_window.h"
 #include "shard/metrics.h"
+#include "shard/search_backend.h"
 
 namespace knnserve {
 
@@ -76,8 +77,9 @@ class ShardGroup {
  public:
   ShardGroup(int32_t shard_id, std::vector<std::unique_ptr<Replica>> replicas,
              MetricsRegistry* metrics);
-  // Waits (up to 10 s) for the shard calls still alive (CallBegan without CallEnded): a
-  // cancelled attempt's callback, which reads its replica, can run after the caller's answer.
+  // Cancels the shard calls still alive (CallBegan without CallEnded) through closing(), and
+  // waits for them: an attempt's callback reads its replica, and a cancelled loser's can run
+  // after the caller's answer.
   ~ShardGroup();
 
   int32_t shard_id() const { return shard_id_; }
@@ -91,9 +93,11 @@ class ShardGroup {
   // nullptr when none is left.
   Replica* Pick(const std::vector<Replica*>& exclude);
 
-  // A shard call (StartShardCall) holds the group and its replicas from CallBegan to CallEnded.
+  // A shard call (StartShardCall) holds the group and its replicas from CallBegan to CallEnded,
+  // and cancels its attempts when closing() is cancelled.
   void CallBegan();
   void CallEnded();
+  CancelToken& closing() { return closing_; }
 
   // Counts a request to this shard (for the hedge budget).
   void CountRequest() { requests_.fetch_add(1, std::memory_order_relaxed); }
@@ -115,6 +119,7 @@ class ShardGroup {
   mutable absl::Mutex mu_;
   std::optional<v1::InfoResponse> info_ ABSL_GUARDED_BY(mu_);
   int live_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  CancelToken closing_;
 };
 
 }  // namespace knnserve

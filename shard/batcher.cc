@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/request.h"
 
 namespace knnserve {
 namespace {
@@ -81,7 +82,7 @@ void Batcher::Submit(SearchCall call, EngineDone done) {
       const int64_t bytes = call.query.queries.size() * static_cast<int64_t>(sizeof(float));
       if (!queue_.empty() && queued_bytes_ + bytes > options_.max_queued_bytes) {
         const absl::Status overloaded = absl::UnavailableError(absl::StrCat(
-            "shard overloaded: ", queued_bytes_ >> 20, " MiB of queries already wait (at most ",
+            kShardOverloaded, ": ", queued_bytes_ >> 20, " MiB of queries already wait (at most ",
             options_.max_queued_bytes >> 20, " MiB)"));
         lock.Release();
         rejected_overloaded_->Increment();

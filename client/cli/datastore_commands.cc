@@ -95,6 +95,17 @@ void PrintKeysReport(const ds::KeysReport& r, const std::string& path) {
       r.resumed_from > 0 ? absl::StrFormat(" (resumed from row %d)", r.resumed_from).c_str() : "");
 }
 
+// The datastore directory (created when missing), locked against other commands for the
+// command's life, with what killed writers left in it removed.
+std::unique_ptr<DirectoryLock> LockDatastore(const std::string& dir) {
+  std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(dir));
+  if (const int removed = lock->RemoveDebris(); removed > 0) {
+    std::fprintf(stderr, "%s: removed %d temporary files that killed runs left\n", dir.c_str(),
+                 removed);
+  }
+  return lock;
+}
+
 void RegisterValues(CLI::App& parent) {
   struct Flags {
     std::string corpus, tokenizer, model, dir;
@@ -118,8 +129,7 @@ void RegisterValues(CLI::App& parent) {
     if (f->tokenizer.empty() == f->model.empty()) {
       ExitOnError(absl::InvalidArgumentError("give exactly one of --tokenizer and --model"));
     }
-    // Creates the directory; held while the command writes it.
-    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
+    const std::unique_ptr<DirectoryLock> lock = LockDatastore(f->dir);
     ExitOnError(ds::CheckValuesMayBeWritten(f->dir));
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
         ds::LoadTokenizer(f->tokenizer, f->model);
@@ -147,7 +157,7 @@ void RegisterKeys(CLI::App& parent) {
   cmd->add_flag("--fp32", f->fp32, "store float32 keys (default float16)");
   AddKeysFlags(cmd, *f);
   cmd->callback([f] {
-    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
+    const std::unique_ptr<DirectoryLock> lock = LockDatastore(f->dir);
     const ds::KeysStepOptions step = KeysStep(*f, ds::KeyKind::kTokens);
     absl::StatusOr<ds::KeysReport> r = ds::RunKeysStep(step);
     ExitOnError(r.status());
@@ -166,7 +176,7 @@ void RegisterSentenceKeys(CLI::App& parent) {
       ->capture_default_str();
   AddKeysFlags(cmd, *f);
   cmd->callback([f, factory] {
-    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
+    const std::unique_ptr<DirectoryLock> lock = LockDatastore(f->dir);
     const ds::KeysStepOptions step = KeysStep(*f, ds::KeyKind::kSentences);
     absl::StatusOr<ds::KeysReport> r = ds::RunKeysStep(step);
     ExitOnError(r.status());
@@ -212,7 +222,7 @@ void RegisterBuild(CLI::App& parent) {
   cmd->add_flag("--fp32", f->fp32, "store float32 keys (default float16)");
   AddKeysFlags(cmd, *f);
   cmd->callback([f, o] {
-    const std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(f->dir));
+    const std::unique_ptr<DirectoryLock> lock = LockDatastore(f->dir);
     const ds::KeysStepOptions step = KeysStep(*f, ds::KeyKind::kTokens);
     o->model_path = f->model;
     o->out_dir = f->dir;

@@ -44,6 +44,13 @@ void RunBuild(BuildFlags& f) {
   std::unique_ptr<Hdf5ValueSource> values;  // streamed: only the offsets stay in memory
   if (!f.values.empty()) {
     values = ValueOrExit(Hdf5ValueSource::Open(f.values));
+    if (values->num_tokens() != keys->rows()) {
+      ExitOnError(absl::InvalidArgumentError(
+          absl::StrCat(f.values, " holds ", values->num_tokens(), " target tokens, ", f.keys,
+                       " holds ", keys->rows(),
+                       " keys: a key per token is needed (sentence keys "
+                       "given for token keys?)")));
+    }
     // Equal token counts do not make them the keys' values: the same corpus tokenized twice
     // differently, or shuffled, has as many tokens in another order.
     if (!keys->values_sha256().empty()) {

@@ -101,12 +101,13 @@ class Pipeline {
     // a partial output is kept (resumed) unless its inputs or options changed.
     upstream_changed_ = true;
     ForgetStepsNotRunYet();
-    if (!step.replaced_when_done) {
-      RETURN_IF_ERROR(WriteDatastoreManifest(options_.out_dir, manifest_));
-    }
     std::error_code ignored;
     if (stale_inputs || (recorded && !step.replaced_when_done)) fs::remove(path, ignored);
     if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
+    // After the removals: unrecorded, an output that did not verify would be adopted.
+    if (!step.replaced_when_done) {
+      RETURN_IF_ERROR(WriteDatastoreManifest(options_.out_dir, manifest_));
+    }
     const absl::Time begin = absl::Now();
     ASSIGN_OR_RETURN(result.detail, step.run());
     result.seconds = absl::ToDoubleSeconds(absl::Now() - begin);
@@ -298,8 +299,11 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
 }
 
 absl::Status CheckValuesMayBeWritten(const std::string& dir) {
-  for (const char* name : {kDatastoreManifestFileName, kKeysFileName, kSentenceKeysFileName,
-                           kIndexDirName, kSentenceIndexDirName}) {
+  for (const std::string& name :
+       {std::string(kDatastoreManifestFileName), std::string(kKeysFileName),
+        PartialPath(kKeysFileName), std::string(kSentenceKeysFileName),
+        PartialPath(kSentenceKeysFileName), std::string(kIndexDirName),
+        std::string(kSentenceIndexDirName)}) {
     const std::string path = Join(dir, name);
     std::error_code ignored;
     if (fs::exists(path, ignored)) {

@@ -140,7 +140,13 @@ absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexMan
   if (options.full_search) {
     const std::string where = absl::StrCat(dir, "/", shard.index.file);
     ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
-    ASSIGN_OR_RETURN(parts.index, FaissIndex::Deserialize(std::move(bytes), options.threads));
+    absl::StatusOr<std::unique_ptr<FaissIndex>> index =
+        FaissIndex::Deserialize(std::move(bytes), options.threads);
+    if (!index.ok()) {  // faiss's own message names no file
+      return absl::Status(index.status().code(),
+                          absl::StrCat(where, ": ", index.status().message()));
+    }
+    parts.index = *std::move(index);
     if (parts.index->dim() != manifest.dim || parts.index->metric() != manifest.metric ||
         parts.index->size() != rows) {
       return absl::DataLossError(absl::StrCat(

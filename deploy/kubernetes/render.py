@@ -9,8 +9,8 @@ router in front of them, serving one index directory from a volume.
 What it writes (one multi-document YAML; docs/deploy.md explains each choice):
   * ConfigMap <name>-shard-map: the router's shard map, every replica by its stable DNS name;
   * Service <name>-shard: headless, gives each shard pod that name;
-  * StatefulSet <name>-shard-r<R> for each replica set r: S pods, pod ordinal = shard id, so
-    pod <name>-shard-r1-3 serves shard 3 (read from the pod's hostname);
+  * StatefulSet <name>-shard-<S> for each shard s: its R replicas, pod <name>-shard-3-1 is
+    replica 1 of shard 3; a PodDisruptionBudget per shard (one replica evicted at a time);
   * Deployment <name>-router and Service <name>-router (the address decoders call);
   * with --build-job: a Job that runs `knnserve datastore build` into the volume.
 The index directory is read from a PersistentVolumeClaim (--index-claim, mounted read-only at
@@ -19,6 +19,7 @@ The index directory is read from a PersistentVolumeClaim (--index-claim, mounted
 import argparse
 import hashlib
 import json
+import shlex
 import sys
 
 import yaml
@@ -27,6 +28,7 @@ GRPC_PORT = 7000
 ROUTER_PORT = 6000
 METRICS_PORT = 9090
 DATA_MOUNT = "/data"
+PRE_STOP_SECONDS = 5
 
 
 def parse_args(argv):
@@ -41,6 +43,8 @@ def parse_args(argv):
     p.add_argument("--name", default="knnserve", help="prefix of every object (default knnserve)")
     p.add_argument("--namespace", default="default",
                    help="namespace the objects go to; part of the shards' DNS names")
+    p.add_argument("--cluster-domain", default="cluster.local",
+                   help="the cluster's DNS domain (default cluster.local)")
     p.add_argument("--image", default="knnserve-server:latest",
                    help="image with knnserve-shard and knnserve-router (deploy/docker)")
     p.add_argument("--cli-image", default="knnserve-cli:latest",
@@ -61,9 +65,9 @@ def parse_args(argv):
     p.add_argument("--drain-seconds", type=int, default=30,
                    help="how long calls in flight may take after SIGTERM (default 30)")
     p.add_argument("--shard-arg", action="append", default=[],
-                   help="one more knnserve-shard flag (repeat the option for several)")
+                   help="more knnserve-shard flags, split as a shell would (\"--batch-threads 2\")")
     p.add_argument("--router-arg", action="append", default=[],
-                   help="one more knnserve-router flag (repeat the option for several)")
+                   help="more knnserve-router flags, split as a shell would (\"--timeout-ms 500\")")
     p.add_argument("--build-job", action="store_true",
                    help="also render a Job that builds the datastore and its index into the "
                         "claim (which must then be writable: ReadWriteOnce or ReadWriteMany)")
@@ -113,26 +117,31 @@ def meta(args, name, component, **extra):
     return {"name": name, "namespace": args.namespace, "labels": labels(args, component, **extra)}
 
 
-def shard_set_name(args, replica):
-    return f"{args.name}-shard-r{replica}"
+def shard_set_name(args, shard):
+    return f"{args.name}-shard-{shard}"
 
 
-def shard_address(args, replica, shard):
-    """A shard pod's stable DNS name (StatefulSet pod through the headless Service)."""
-    return (f"{shard_set_name(args, replica)}-{shard}.{args.name}-shard.{args.namespace}"
-            f".svc.cluster.local:{GRPC_PORT}")
+def shard_address(args, shard, replica):
+    """Replica `replica` of shard `shard`: its pod's stable DNS name (through the headless
+    Service) and port."""
+    return (f"{shard_set_name(args, shard)}-{replica}.{args.name}-shard.{args.namespace}"
+            f".svc.{args.cluster_domain}:{GRPC_PORT}")
 
 
 def shard_map(args):
     lines = ["# shard_id replica [replica ...]  (rendered by deploy/kubernetes/render.py)"]
     for s in range(args.shards):
-        lines.append(" ".join([str(s)] + [shard_address(args, r, s)
+        lines.append(" ".join([str(s)] + [shard_address(args, s, r)
                                           for r in range(args.replicas)]))
     return "\n".join(lines) + "\n"
 
 
-def grpc_probe(port_name, **timing):
-    return {"grpc": {"port": port_name}, **timing}
+def grpc_probe(port, **timing):
+    return {"grpc": {"port": port}, **timing}
+
+
+def tcp_probe(port_name, **timing):
+    return {"tcpSocket": {"port": port_name}, **timing}
 
 
 def server_ports():
@@ -150,20 +159,28 @@ def data_volume(args, read_only):
             "persistentVolumeClaim": {"claimName": args.index_claim, "readOnly": read_only}}
 
 
-def shard_command(args):
-    # A StatefulSet pod's hostname ends in its ordinal: that is the shard it serves.
-    flags = [f"--index {DATA_MOUNT}/{args.index_path}", '--shard "${HOSTNAME##*-}"',
-             f"--listen 0.0.0.0:{GRPC_PORT}", f"--metrics-listen 0.0.0.0:{METRICS_PORT}",
-             f"--threads {args.shard_threads}", f"--drain-seconds {args.drain_seconds}"]
+def shard_command(args, shard):
+    command = ["knnserve-shard", "--index", f"{DATA_MOUNT}/{args.index_path}",
+               "--shard", str(shard), "--listen", f"0.0.0.0:{GRPC_PORT}",
+               "--metrics-listen", f"0.0.0.0:{METRICS_PORT}",
+               "--threads", str(args.shard_threads), "--drain-seconds", str(args.drain_seconds)]
     if args.gpu:
-        flags.append("--subset-device cuda")
-    flags += args.shard_arg
-    return ["/bin/sh", "-c", "exec knnserve-shard " + " ".join(flags)]
+        command += ["--subset-device", "cuda"]
+    for arg in args.shard_arg:
+        command += shlex.split(arg)
+    return command
 
 
-def shard_statefulset(args, replica):
-    name = shard_set_name(args, replica)
-    pod_labels = labels(args, "shard", **{"knnserve.io/replica-set": str(replica)})
+def shard_labels(args, shard):
+    return labels(args, "shard", **{"knnserve.io/shard": str(shard)})
+
+
+def shard_statefulset(args, shard):
+    """The R replicas of one shard. One StatefulSet per shard: a rolling update replaces one
+    replica of each shard at a time, the replicas avoid sharing a node, and a disruption budget
+    can count them (one set per replica set, pod ordinal = shard id, rolled every set's highest
+    ordinal together: every replica of that shard at once)."""
+    pod_labels = shard_labels(args, shard)
     resources = {"requests": {"cpu": args.shard_cpu, "memory": args.shard_memory},
                  "limits": {"memory": args.shard_memory}}
     if args.gpu:
@@ -171,7 +188,7 @@ def shard_statefulset(args, replica):
     container = {
         "name": "shard",
         "image": args.image,
-        "command": shard_command(args),
+        "command": shard_command(args, shard),
         "ports": server_ports(),
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}],
         "resources": resources,
@@ -184,11 +201,12 @@ def shard_statefulset(args, replica):
     }
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": meta(args, name, "shard", **{"knnserve.io/replica-set": str(replica)}),
+        "metadata": meta(args, shard_set_name(args, shard), "shard",
+                         **{"knnserve.io/shard": str(shard)}),
         "spec": {
             "serviceName": f"{args.name}-shard",
-            "replicas": args.shards,
-            # Every shard loads at once; shard 3 need not wait for shard 2 to be ready.
+            "replicas": args.replicas,
+            # The replicas load at once; replica 1 need not wait for replica 0 to be ready.
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": pod_labels},
             "template": {
@@ -196,17 +214,28 @@ def shard_statefulset(args, replica):
                 "spec": {
                     # SIGTERM drains (no new calls, those in flight finish): give it the time.
                     "terminationGracePeriodSeconds": args.drain_seconds + 15,
-                    # Spread shard pods over nodes, so that one node's loss takes one replica of
-                    # a few shards rather than every replica of one.
-                    "topologySpreadConstraints": [{
-                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                        "whenUnsatisfiable": "ScheduleAnyway",
-                        "labelSelector": {"matchLabels": labels(args, "shard")}}],
+                    # A shard's replicas on different nodes: one node's loss takes one replica.
+                    "affinity": {"podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [{
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": pod_labels}}}]}},
                     "containers": [container],
                     "volumes": [data_volume(args, read_only=True)],
                 },
             },
         },
+    }
+
+
+def shard_disruption_budget(args, shard):
+    """Voluntary evictions (a node drain) take one replica of a shard at a time."""
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": meta(args, f"{shard_set_name(args, shard)}-budget", "shard",
+                         **{"knnserve.io/shard": str(shard)}),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": shard_labels(args, shard)}},
     }
 
 
@@ -239,17 +268,24 @@ def router_deployment(args):
         "command": ["knnserve-router", "--shards", "/etc/knnserve/shards.txt",
                     "--listen", f"0.0.0.0:{ROUTER_PORT}",
                     "--metrics-listen", f"0.0.0.0:{METRICS_PORT}",
-                    "--drain-seconds", str(args.drain_seconds)] + args.router_arg,
+                    "--drain-seconds", str(args.drain_seconds)]
+                    + [word for arg in args.router_arg for word in shlex.split(arg)],
         "ports": [{"name": "grpc", "containerPort": ROUTER_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": [{"name": "shard-map", "mountPath": "/etc/knnserve", "readOnly": True}],
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
                       "limits": {"memory": "1Gi"}},
-        # The router's health is SERVING while every shard has a serving replica: ready then.
-        "readinessProbe": grpc_probe(ROUTER_PORT, periodSeconds=5, failureThreshold=2),
-        # Alive is not healthy: a router whose shards are down must not be restarted for it.
-        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 20,
-                          "failureThreshold": 3},
+        # The router's health is SERVING while every shard has a serving replica: started once
+        # it has been (it then knows what each shard serves; shards may take 30 minutes to
+        # load). From then on it stays ready while it runs: a shard down is answered with
+        # UNAVAILABLE naming it, or a partial answer with its Coverage, where a router taken
+        # out of the Service would refuse the connection. Alive is not healthy either.
+        "startupProbe": grpc_probe(ROUTER_PORT, periodSeconds=10, failureThreshold=180),
+        "readinessProbe": tcp_probe("grpc", periodSeconds=5, failureThreshold=2),
+        "livenessProbe": tcp_probe("grpc", periodSeconds=20, failureThreshold=3),
+        # The Service takes a few seconds to stop sending a terminating pod connections: the
+        # router keeps listening meanwhile, then drains.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
     }
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -265,7 +301,7 @@ def router_deployment(args):
                                     hashlib.sha256(shard_map(args).encode()).hexdigest()},
                 },
                 "spec": {
-                    "terminationGracePeriodSeconds": args.drain_seconds + 15,
+                    "terminationGracePeriodSeconds": PRE_STOP_SECONDS + args.drain_seconds + 15,
                     "containers": [container],
                     "volumes": [{"name": "shard-map",
                                  "configMap": {"name": f"{args.name}-shard-map"}}],
@@ -335,7 +371,8 @@ _Dumper.add_representer(str, _represent_str)
 
 def render(args):
     docs = [shard_map_configmap(args), shard_service(args)]
-    docs += [shard_statefulset(args, r) for r in range(args.replicas)]
+    for shard in range(args.shards):
+        docs += [shard_statefulset(args, shard), shard_disruption_budget(args, shard)]
     docs += [router_deployment(args), router_service(args)]
     if args.build_job:
         docs.append(build_job(args))

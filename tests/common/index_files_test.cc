@@ -1,4 +1,6 @@
 // Atomic files, SHA-256, the HDF5 datastore adapter and building from HDF5.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -100,6 +102,28 @@ TEST(Files, ADirectoryLockIsHeldByOneHolderAtATime) {
                        HasSubstr("another knnserve command is writing " + dir)));
   first.reset();
   EXPECT_THAT(DirectoryLock::Acquire(dir), IsOk());
+}
+
+// What killed writers left (temporaries and spill files of other processes) goes; files of
+// this process and other files stay.
+TEST(Files, ADirectoryLockRemovesTheDebrisOfKilledWriters) {
+  const std::string dir = FreshTempDir("debris").string();
+  std::filesystem::create_directories(dir + "/index");
+  const std::string own = std::to_string(::getpid());
+  for (const std::string& name : std::vector<std::string>{
+           "values.h5.spill.1", "index/shard-00001.faiss.tmp.2", "keys.h5.tmp.3",  // debris
+           "values.h5.spill." + own, "notes.tmp", "keys.h5", "index/shard-00000.faiss",
+           "run.tmp.log"}) {
+    std::ofstream(dir + "/" + name) << "x";
+  }
+  ASSERT_OK_AND_ASSIGN(auto lock, DirectoryLock::Acquire(dir));
+  EXPECT_EQ(lock->RemoveDebris(), 3);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/index/shard-00001.faiss.tmp.2"));
+  for (const std::string& kept :
+       {"values.h5.spill." + own, std::string("notes.tmp"), std::string("keys.h5"),
+        std::string("index/shard-00000.faiss"), std::string("run.tmp.log")}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + kept)) << kept;
+  }
 }
 
 TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {

@@ -12,6 +12,7 @@
 #include "common/datastore/datastore_manifest.h"
 #include "common/datastore/hdf5_file.h"
 #include "common/datastore/values_file.h"
+#include "common/files.h"
 #include "common/index/manifest.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -155,6 +156,11 @@ TEST_F(PipelineTest, ValuesAloneMayNotReplaceTheValuesOfComputedKeys) {
   fs::remove(Path("ds/datastore.json"));
   EXPECT_THAT(CheckValuesMayBeWritten(Path("ds")),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("keys.h5")));
+  // Keys still being computed count too: they name the values they are computed from.
+  fs::create_directories(Path("computing"));
+  std::ofstream(Path("computing/") + PartialPath(kKeysFileName)) << "rows";
+  EXPECT_THAT(CheckValuesMayBeWritten(Path("computing")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("keys.h5.partial")));
 }
 
 TEST_F(PipelineTest, ACorruptedOutputIsRecomputedWithEveryLaterStep) {

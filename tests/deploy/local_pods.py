@@ -2,13 +2,13 @@
 """Checks rendered Kubernetes manifests of knnserve and plans their pods as local processes.
 
     local_pods.py --manifests knnserve.yaml --claim knnserve-data=/tmp/data --bin build/bin \\
-        --base-port 16400 --out plan.json
+        --out plan.json
 
 First the checks a cluster would only reveal at run time: selectors that select the pods,
 ports and probes that name declared container ports, volumes that exist, a drain shorter than
-the grace period, and a router shard map whose every address is the stable DNS name of a
-StatefulSet pod that serves that very shard (its ordinal). Any failure: exit 1, one line per
-problem.
+the grace period, disruption budgets that select pods, and a router shard map whose every
+address is the stable DNS name of a StatefulSet pod that serves that very shard (its
+knnserve-shard --shard). Any failure: exit 1, one line per problem.
 
 Then the plan (JSON): for every pod of every StatefulSet and Deployment, the argv that runs its
 container here, as the kubelet would run it there, with what one machine cannot give each pod
@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import sys
 
 import yaml
@@ -75,7 +76,7 @@ def flag_value(argv, flag):
     return None
 
 
-def check(docs, claims):
+def check(docs, claims, cluster_domain):
     problems = []
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     namespaces = {d["metadata"].get("namespace") for d in docs}
@@ -137,12 +138,18 @@ def check(docs, claims):
                                     target in container_ports(w).values() for w in selected):
                 problems.append(f"Service {s['metadata']['name']}: targetPort {target} is not a "
                                 "port of the pods it selects")
-    problems += check_shard_maps(docs, services)
+    for budget in by_kind(docs, "PodDisruptionBudget"):
+        selector = budget["spec"]["selector"]["matchLabels"]
+        if not any(all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == v
+                       for k, v in selector.items()) for w in workloads):
+            problems.append(f"PodDisruptionBudget {budget['metadata']['name']}: its selector "
+                            "selects no pods")
+    problems += check_shard_maps(docs, services, cluster_domain)
     return problems
 
 
-def stateful_pod_addresses(docs, services):
-    """{"pod.service.namespace.svc.cluster.local:port": (StatefulSet, ordinal, port)}."""
+def stateful_pod_addresses(docs, services, cluster_domain):
+    """{"pod.service.namespace.svc.DOMAIN:port": (StatefulSet, ordinal, port)}."""
     addresses = {}
     for w in by_kind(docs, "StatefulSet"):
         service = services.get(w["spec"].get("serviceName"))
@@ -151,15 +158,24 @@ def stateful_pod_addresses(docs, services):
         namespace = w["metadata"].get("namespace", "default")
         for ordinal, pod in enumerate(pod_names(w)):
             for port in container_ports(w).values():
-                host = f"{pod}.{service['metadata']['name']}.{namespace}.svc.cluster.local"
+                host = f"{pod}.{service['metadata']['name']}.{namespace}.svc.{cluster_domain}"
                 addresses[f"{host}:{port}"] = (w, ordinal, port)
     return addresses
 
 
-def check_shard_maps(docs, services):
-    """Every router's --shards file: each address a shard pod whose ordinal is that shard id."""
+def served_shard(workload):
+    """The shard id a workload's pods serve (their knnserve-shard --shard), or None."""
+    for c in pod_spec(workload)["containers"]:
+        shard = flag_value(command_line(c), "--shard")
+        if shard is not None:
+            return int(shard)
+    return None
+
+
+def check_shard_maps(docs, services, cluster_domain):
+    """Every router's --shards file: each address a pod that serves that shard."""
     problems = []
-    addresses = stateful_pod_addresses(docs, services)
+    addresses = stateful_pod_addresses(docs, services, cluster_domain)
     configmaps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
     for w in by_kind(docs, "Deployment"):
         spec = pod_spec(w)
@@ -184,9 +200,10 @@ def check_shard_maps(docs, services):
                     if target is None:
                         problems.append(f"shard map: {address} (shard {shard}) is no StatefulSet "
                                         "pod's DNS name and port")
-                    elif target[1] != shard:
-                        problems.append(f"shard map: {address} is pod ordinal {target[1]}, which "
-                                        f"serves shard {target[1]}, listed for shard {shard}")
+                    elif served_shard(target[0]) != shard:
+                        problems.append(f"shard map: {address} is a pod of "
+                                        f"{target[0]['metadata']['name']}, which serves shard "
+                                        f"{served_shard(target[0])}, listed for shard {shard}")
             if seen != set(range(len(seen))):
                 problems.append(f"shard map: shard ids {sorted(seen)} are not 0..{len(seen) - 1}")
     return problems
@@ -204,12 +221,16 @@ def configmap_file(spec, container, configmaps, path):
     return None
 
 
-def plan(docs, claims, bin_dir, base_port, run_dir):
+def plan(docs, claims, bin_dir, base_port, run_dir, cluster_domain):
     services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
     configmaps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
     next_port = [base_port]
 
     def local_port():
+        if base_port == 0:  # a free one (the kernel's pick, released for the pod to take)
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                return probe.getsockname()[1]
         next_port[0] += 1
         return next_port[0] - 1
 
@@ -221,7 +242,8 @@ def plan(docs, claims, bin_dir, base_port, run_dir):
                                    for port in container_ports(w).values()}})
     # Cluster DNS: a StatefulSet pod's stable name -> its local port.
     dns = {}
-    for address, (w, ordinal, port) in stateful_pod_addresses(docs, services).items():
+    for address, (w, ordinal, port) in stateful_pod_addresses(docs, services,
+                                                               cluster_domain).items():
         for p in pods:
             if p["workload"] is w and p["ordinal"] == ordinal:
                 dns[address] = f"127.0.0.1:{p['ports'][port]}"
@@ -273,18 +295,20 @@ def main(argv):
     parser.add_argument("--claim", action="append", default=[], metavar="NAME=DIR",
                         help="a PersistentVolumeClaim's contents: a local directory")
     parser.add_argument("--bin", default="build/bin", help="the image's executables, here")
-    parser.add_argument("--base-port", type=int, default=16400)
+    parser.add_argument("--base-port", type=int, default=0,
+                        help="local ports from here on (default 0: free ports)")
+    parser.add_argument("--cluster-domain", default="cluster.local")
     parser.add_argument("--run-dir", default="/tmp/knnserve-local-pods")
     parser.add_argument("--out", help="write the plan (JSON) here")
     args = parser.parse_args(argv)
     claims = dict(c.split("=", 1) for c in args.claim)
     docs = load(args.manifests)
-    problems = check(docs, claims)
+    problems = check(docs, claims, args.cluster_domain)
     for problem in problems:
         print(f"local_pods: {problem}", file=sys.stderr)
     if problems:
         return 1
-    processes = plan(docs, claims, args.bin, args.base_port, args.run_dir)
+    processes = plan(docs, claims, args.bin, args.base_port, args.run_dir, args.cluster_domain)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(processes, f, indent=1)

@@ -410,9 +410,9 @@ TEST(ProcessTest, LocalUpAndDownScripts) {
 }
 
 // The pods of deploy/kubernetes/render.py's manifests (2 shards x 2 replicas and a router), run
-// here as tests/deploy/local_pods.py plans them: the manifests pass its checks, each shard finds
-// its id in its pod's hostname, the router reaches every replica through the shard map's pod
-// names, the answers equal the unsharded index's, and a lost shard pod is covered by its replica.
+// here as tests/deploy/local_pods.py plans them: the manifests pass its checks, the router
+// reaches every replica through the shard map's pod names, the answers equal the unsharded
+// index's, and a lost shard pod is covered by its replica.
 TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
   if (std::system("/usr/bin/python3 -c 'import yaml' 2>/dev/null") != 0) {
     GTEST_SKIP() << "python3-yaml is not installed";
@@ -425,15 +425,16 @@ TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
   const std::string render = absl::StrCat(
       "/usr/bin/python3 deploy/kubernetes/render.py --shards 2 --replicas 2 --routers 1 ",
       "--namespace knn-test --index-claim data --index-path ", index.filename().string(),
-      " --shard-threads 1 --shard-arg='--batch-threads 1' --router-arg=--probe-interval-ms ",
-      "--router-arg=100 > ", manifests);
+      " --shard-threads 1 --shard-arg='--batch-threads 1' --router-arg='--probe-interval-ms 100' "
+      "> ",
+      manifests);
   ASSERT_EQ(std::system(render.c_str()), 0) << render;
   const std::string plan = run + "/plan.json";
   const std::string errors = run + "/errors.txt";
   const std::string check =
       absl::StrCat("/usr/bin/python3 tests/deploy/local_pods.py --manifests ", manifests,
                    " --claim data=", index.parent_path().string(), " --bin ", KNNSERVE_BIN_DIR,
-                   " --base-port 16400 --run-dir ", run, " --out ", plan, " 2> ", errors);
+                   " --run-dir ", run, " --out ", plan, " 2> ", errors);
   ASSERT_EQ(std::system(check.c_str()), 0) << ReadFile(errors);
 
   std::map<std::string, std::unique_ptr<Process>> pods;
@@ -448,7 +449,7 @@ TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
   }
   ASSERT_EQ(pods.size(), 5u);
   ASSERT_FALSE(router_address.empty());
-  EXPECT_EQ(pods["knnserve-shard-r1-1"]->WaitForLog("serving", "shard"), "1");
+  EXPECT_EQ(pods["knnserve-shard-1-1"]->WaitForLog("serving", "shard"), "1");
   pods["knnserve-router-pod0"]->WaitForLog("serving", "msg");
   // The router serves once each shard has a replica; failover needs the other replicas known
   // up too (a replica is called only once its Info matched the shard's). Every replica has been
@@ -481,8 +482,8 @@ TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
   request.mutable_params()->set_nprobe(4);
   for (const bool lost_a_pod : {false, true}) {
     if (lost_a_pod) {
-      pods["knnserve-shard-r0-1"]->Signal(SIGKILL);
-      EXPECT_EQ(pods["knnserve-shard-r0-1"]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+      pods["knnserve-shard-1-0"]->Signal(SIGKILL);
+      EXPECT_EQ(pods["knnserve-shard-1-0"]->Wait(absl::Seconds(10)), 128 + SIGKILL);
     }
     for (int call = 0; call < 4; ++call) {  // least-outstanding choice may pick either replica
       v1::SearchResponse response;
@@ -495,7 +496,7 @@ TEST(KubernetesManifests, PodsServeTheIndexAndSurviveALostShardPod) {
 }
 
 // The checks catch a shard map that lists a pod for another shard than the one it serves (the
-// rendered map, edited by hand: shard 0's first replica is ordinal 1's pod).
+// rendered map, edited by hand: shard 0's first replica is a pod of shard 1).
 TEST(KubernetesManifests, ChecksRefuseAPodListedForAnotherShard) {
   if (std::system("/usr/bin/python3 -c 'import yaml' 2>/dev/null") != 0) {
     GTEST_SKIP() << "python3-yaml is not installed";
@@ -503,22 +504,27 @@ TEST(KubernetesManifests, ChecksRefuseAPodListedForAnotherShard) {
   const std::string run = testing::FreshTempDir("k8s_wrong_map").string();
   const std::string render = absl::StrCat(
       "/usr/bin/python3 deploy/kubernetes/render.py --shards 2 --replicas 2 --namespace ns | "
-      "sed 's/^    0 knnserve-shard-r0-0\\./    0 knnserve-shard-r0-1./' > ",
+      "sed 's/^    0 knnserve-shard-0-0\\./    0 knnserve-shard-1-0./' > ",
       run, "/knnserve.yaml");
   ASSERT_EQ(std::system(render.c_str()), 0) << render;
-  ASSERT_THAT(ReadFile(run + "/knnserve.yaml"), ::testing::HasSubstr("0 knnserve-shard-r0-1."));
+  ASSERT_THAT(ReadFile(run + "/knnserve.yaml"), ::testing::HasSubstr("0 knnserve-shard-1-0."));
   const std::string check = absl::StrCat("/usr/bin/python3 tests/deploy/local_pods.py --manifests ",
                                          run, "/knnserve.yaml --claim knnserve-data=", run,
                                          " --run-dir ", run, " 2> ", run, "/errors.txt");
   EXPECT_NE(std::system(check.c_str()), 0);
-  EXPECT_THAT(ReadFile(run + "/errors.txt"),
-              ::testing::HasSubstr("knnserve-shard-r0-1.knnserve-shard.ns.svc.cluster.local:7000 "
-                                   "is pod ordinal 1, which serves shard 1, listed for shard 0"));
+  EXPECT_THAT(
+      ReadFile(run + "/errors.txt"),
+      ::testing::HasSubstr("knnserve-shard-1-0.knnserve-shard.ns.svc.cluster.local:7000 is a "
+                           "pod of knnserve-shard-1, which serves shard 1, listed for "
+                           "shard 0"));
 }
 
 // deploy/kubernetes/example.yaml is what render.py writes for its parameters (regenerate it
 // with the command in its first line when render.py changes).
 TEST(KubernetesManifests, ExampleIsWhatRenderWrites) {
+  if (std::system("/usr/bin/python3 -c 'import yaml' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-yaml is not installed";
+  }
   const std::string run = testing::FreshTempDir("k8s_example").string();
   const std::string example = ReadFile("deploy/kubernetes/example.yaml");
   const std::string first_line = example.substr(0, example.find('\n'));
