@@ -19,6 +19,7 @@ The index directory is read from a PersistentVolumeClaim (--index-claim, mounted
 import argparse
 import hashlib
 import json
+import re
 import shlex
 import sys
 
@@ -79,8 +80,12 @@ def parse_args(argv):
                    help="--build-job: faiss index_factory string")
     args = p.parse_args(argv)
     if args.index_manifest:
-        with open(args.index_manifest) as f:
-            args.shards = len(json.load(f)["shards"])
+        try:
+            with open(args.index_manifest) as f:
+                args.shards = len(json.load(f)["shards"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            p.error(f"--index-manifest {args.index_manifest}: not an index manifest "
+                    f"(knnserve index build writes DIR/manifest.json): {error!r}")
     for flag in ("shards", "replicas", "routers"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
@@ -90,6 +95,14 @@ def parse_args(argv):
         p.error(f"--shard-threads must be >= 0, got {args.shard_threads}")
     if args.shard_threads == 0:
         args.shard_threads = max(1, -(-cpu_millis(args.shard_cpu, p) // 1000))
+    for flag in ("name", "namespace"):
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", getattr(args, flag)):
+            p.error(f"--{flag} must be a DNS label (lower-case letters, digits, '-'), got "
+                    f"{getattr(args, flag)!r}")
+    longest_pod = f"{args.name}-shard-{args.shards - 1}-{args.replicas - 1}"
+    if len(longest_pod) > 63:
+        p.error(f"pod names such as {longest_pod} exceed the 63 characters of a DNS label: "
+                "use a shorter --name")
     if args.index_path.startswith("/") or ".." in args.index_path.split("/"):
         p.error(f"--index-path is relative to the claim, got {args.index_path}")
     if args.build_job and not args.index_path.endswith("/index"):
