@@ -31,13 +31,12 @@ class ShardCall : public std::enable_shared_from_this<ShardCall> {
 
   void Start(const std::shared_ptr<CancelToken>& cancel) {
     std::weak_ptr<ShardCall> weak = weak_from_this();
+    const auto cancel_all = [weak] {
+      if (auto self = weak.lock()) self->CancelAll();
+    };
     cancel_ = cancel;
-    cancel_id_ = cancel->OnCancel([weak] {
-      if (auto self = weak.lock()) self->CancelAll();
-    });
-    closing_id_ = shard_->closing().OnCancel([weak] {
-      if (auto self = weak.lock()) self->CancelAll();
-    });
+    cancel_id_ = cancel->OnCancel(cancel_all);
+    closing_id_ = shard_->closing().OnCancel(cancel_all);
     if (cancel->cancelled()) {
       {
         absl::MutexLock lock(&mu_);

@@ -31,6 +31,12 @@ Neighbors SliceRows(const Neighbors& all, int64_t begin, int64_t rows) {
   return part;
 }
 
+Counter* DroppedCounter(MetricsRegistry* metrics, const char* reason) {
+  return metrics->GetCounter("knnserve_dropped_total",
+                             "Queued requests dropped before searching, by reason",
+                             {{"reason", reason}});
+}
+
 }  // namespace
 
 Batcher::Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegistry* metrics)
@@ -44,15 +50,9 @@ Batcher::Batcher(const SearchEngine* engine, BatcherOptions options, MetricsRegi
       engine_seconds_(metrics->GetHistogram("knnserve_engine_seconds",
                                             "Time spent in one engine call", {},
                                             Histogram::LatencyBounds())),
-      dropped_cancelled_(metrics->GetCounter("knnserve_dropped_total",
-                                             "Queued requests dropped before searching, by reason",
-                                             {{"reason", "cancelled"}})),
-      dropped_deadline_(metrics->GetCounter("knnserve_dropped_total",
-                                            "Queued requests dropped before searching, by reason",
-                                            {{"reason", "deadline"}})),
-      rejected_overloaded_(metrics->GetCounter(
-          "knnserve_dropped_total", "Queued requests dropped before searching, by reason",
-          {{"reason", "overloaded"}})) {
+      dropped_cancelled_(DroppedCounter(metrics, "cancelled")),
+      dropped_deadline_(DroppedCounter(metrics, "deadline")),
+      dropped_overloaded_(DroppedCounter(metrics, "overloaded")) {
   for (int i = 0; i < std::max(1, options_.num_threads); ++i) {
     workers_.emplace_back([this, i] {
       // Named so that top -H and perf --sort comm tell engine time from gRPC's threads.
@@ -85,7 +85,7 @@ void Batcher::Submit(SearchCall call, EngineDone done) {
             kShardOverloaded, ": ", queued_bytes_ >> 20, " MiB of queries already wait (at most ",
             options_.max_queued_bytes >> 20, " MiB)"));
         lock.Release();
-        rejected_overloaded_->Increment();
+        dropped_overloaded_->Increment();
         done(overloaded);
         return;
       }

@@ -95,7 +95,7 @@ class Batcher {
   Histogram* const engine_seconds_;
   Counter* const dropped_cancelled_;
   Counter* const dropped_deadline_;
-  Counter* const rejected_overloaded_;
+  Counter* const dropped_overloaded_;
 
   absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);

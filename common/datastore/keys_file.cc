@@ -42,15 +42,6 @@ absl::Status CheckIdentity(const Hdf5File& file,
   return absl::OkStatus();
 }
 
-// Whether `file` holds every attribute of `attributes` with its value.
-bool HasAttributes(const Hdf5File& file, const std::map<std::string, std::string>& attributes) {
-  for (const auto& [name, expected] : attributes) {
-    absl::StatusOr<std::string> actual = file.GetStringAttribute(name);
-    if (!actual.ok() || *actual != expected) return false;
-  }
-  return true;
-}
-
 // Whether /keys of `file` has the shape and dtype `spec` writes.
 absl::StatusOr<bool> HasShape(const Hdf5File& file, const KeysFileSpec& spec) {
   ASSIGN_OR_RETURN(const auto shape, file.Shape(kKeys));
@@ -129,7 +120,8 @@ absl::StatusOr<std::unique_ptr<KeysFileWriter>> KeysFileWriter::CreateOrResume(
     file = *std::move(opened);
     RETURN_IF_ERROR(CheckIdentity(*file, spec.identity));
     ASSIGN_OR_RETURN(const bool same_shape, HasShape(*file, spec));
-    if (!same_shape || !HasAttributes(*file, spec.layout)) {  // other options: rows of no use
+    // Other options: its rows are of no use.
+    if (!same_shape || !CheckIdentity(*file, spec.layout).ok()) {
       RETURN_IF_ERROR(file->Close());
       file.reset();
       std::filesystem::remove(partial, error);

@@ -157,8 +157,8 @@ def tcp_probe(port_name, **timing):
     return {"tcpSocket": {"port": port_name}, **timing}
 
 
-def server_ports():
-    return [{"name": "grpc", "containerPort": GRPC_PORT},
+def server_ports(grpc_port):
+    return [{"name": "grpc", "containerPort": grpc_port},
             {"name": "metrics", "containerPort": METRICS_PORT}]
 
 
@@ -202,7 +202,7 @@ def shard_statefulset(args, shard):
         "name": "shard",
         "image": args.image,
         "command": shard_command(args, shard),
-        "ports": server_ports(),
+        "ports": server_ports(GRPC_PORT),
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}],
         "resources": resources,
         # NOT_SERVING until the shard is loaded, its SHA-256 verified and a warm-up search run:
@@ -283,8 +283,7 @@ def router_deployment(args):
                     "--metrics-listen", f"0.0.0.0:{METRICS_PORT}",
                     "--drain-seconds", str(args.drain_seconds)]
                     + [word for arg in args.router_arg for word in shlex.split(arg)],
-        "ports": [{"name": "grpc", "containerPort": ROUTER_PORT},
-                  {"name": "metrics", "containerPort": METRICS_PORT}],
+        "ports": server_ports(ROUTER_PORT),
         "volumeMounts": [{"name": "shard-map", "mountPath": "/etc/knnserve", "readOnly": True}],
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
                       "limits": {"memory": "1Gi"}},

@@ -43,6 +43,12 @@ def pod_spec(workload):
     return workload["spec"]["template"]["spec"]
 
 
+def selects(selector, workload):
+    """Whether label selector `selector` (a label -> value map) selects the workload's pods."""
+    pod_labels = workload["spec"]["template"]["metadata"].get("labels", {})
+    return all(pod_labels.get(k) == v for k, v in selector.items())
+
+
 def container_ports(workload):
     ports = {}
     for c in pod_spec(workload)["containers"]:
@@ -87,9 +93,8 @@ def check(docs, claims, cluster_domain):
     configmaps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
     for w in workloads:
         where = f"{w['kind']} {w['metadata']['name']}"
-        template_labels = w["spec"]["template"]["metadata"].get("labels", {})
         selector = w["spec"]["selector"]["matchLabels"]
-        if any(template_labels.get(k) != v for k, v in selector.items()):
+        if not selects(selector, w):
             problems.append(f"{where}: selector {selector} does not select its own pods")
         if w["kind"] == "StatefulSet":
             service = services.get(w["spec"].get("serviceName"))
@@ -128,8 +133,7 @@ def check(docs, claims, cluster_domain):
                                 f"terminationGracePeriodSeconds {grace}: the drain is killed")
     for s in services.values():
         selected = [w for w in workloads
-                    if all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == v
-                           for k, v in s["spec"].get("selector", {}).items())]
+                    if selects(s["spec"].get("selector", {}), w)]
         if not selected:
             problems.append(f"Service {s['metadata']['name']}: its selector selects no pods")
         for p in s["spec"].get("ports", []):
@@ -140,8 +144,7 @@ def check(docs, claims, cluster_domain):
                                 "port of the pods it selects")
     for budget in by_kind(docs, "PodDisruptionBudget"):
         selector = budget["spec"]["selector"]["matchLabels"]
-        if not any(all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == v
-                       for k, v in selector.items()) for w in workloads):
+        if not any(selects(selector, w) for w in workloads):
             problems.append(f"PodDisruptionBudget {budget['metadata']['name']}: its selector "
                             "selects no pods")
     problems += check_shard_maps(docs, services, cluster_domain)
