@@ -594,6 +594,12 @@ void IvfAdc::OfferExact(uint32_t id, float distance, int k, Row& row) const {
 // A survivor's exact distance is m look-ups in the query's float table T plus its list's ||x||²
 // and its own b. The residual form (m x dsub fused multiply-adds per survivor, or a residual
 // table per list with many survivors) took 16% of a shard's time in the demo's kNN-MT searches.
+namespace {
+void PrefetchLookups(const uint8_t* code, int m, const float* lut) {
+  for (int j = 0; j < m; ++j) __builtin_prefetch(lut + j * 256 + code[j], 0, 3);
+}
+}  // namespace
+
 void IvfAdc::RerankPending(int k, Row& row) const {
   std::vector<Pending>& pending = row.pending;
   const double kth_bound = KthBound(k, row);
@@ -602,12 +608,17 @@ void IvfAdc::RerankPending(int k, Row& row) const {
                 pending.end());
   std::sort(pending.begin(), pending.end(),
             [](const Pending& a, const Pending& b) { return a.lower < b.lower; });
-  for (const Pending& c : pending) {
+  const int m = codebook_.m;
+  const auto code_of = [&](const Pending& c) {
+    return row.codes.data() + static_cast<size_t>(c.code) * m;
+  };
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const Pending& c = pending[i];
     if (static_cast<int>(row.heap.size()) >= k && c.lower > row.heap.front().first) {
       break;  // its distance and every later one exceed the k-th found
     }
-    const uint8_t* code = row.codes.data() + static_cast<size_t>(c.code) * codebook_.m;
-    OfferExact(c.id, Distance(row.x_norms[c.probe], c.bias, code, row.lut), k, row);
+    if (i + 1 < pending.size()) PrefetchLookups(code_of(pending[i + 1]), m, row.lut);
+    OfferExact(c.id, Distance(row.x_norms[c.probe], c.bias, code_of(c), row.lut), k, row);
   }
   pending.clear();  // those left rank after the k found, which only get nearer
   row.codes.clear();
