@@ -138,14 +138,14 @@ void BenchIvfPq(int64_t rows, int dim, int threads, int64_t train_size, const st
               static_cast<long long>(std::min(rows, train_size)), rows / Seconds(t1, t2));
   // The same index loaded as a shard loads it, in serving form.
   const std::string path = "/tmp/index_bench_ivf.faiss";
-  Check(index->Save(path).status());
-  auto bytes = ReadFileBytes(path);
-  Check(bytes.status());
-  std::remove(path.c_str());
+  const absl::StatusOr<FileDigest> saved = index->Save(path);
+  Check(saved.status());
+  auto in = VerifiedFileReader::Open(path, *saved);
+  Check(in.status());
+  std::remove(path.c_str());  // the open descriptor still reads it
   // Serving form, as shards load it.
-  auto loaded = FaissIndex::Deserialize(*bytes, threads);
+  auto loaded = FaissIndex::LoadForServing(**in, threads, BestAdcKernel());
   Check(loaded.status());
-  Check((*loaded)->PrepareForServing(BestAdcKernel()));
   const std::unique_ptr<FaissIndex> serving = *std::move(loaded);
   std::printf("serving form: %s (%s kernel), %.1f bytes per vector\n\n",
               serving->uses_ivf_adc() ? "IvfAdc" : "faiss scan",

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/random_keys.h"
 #include "common/datastore/key_source.h"
 #include "common/index/builder.h"
 #include "common/index/index_engine.h"
@@ -60,27 +61,8 @@ struct Flags {
   int beam = 5;
   int group_size = 512;
   int subset_rounds = 3;
-  int shard_batch_threads = BatcherOptions().num_threads;  // a) and b): each shard's engine calls at once
-};
-
-// Seeded normal keys generated on the fly (a 1M x 512 matrix would need 2 GB).
-class RandomKeySource : public KeySource {
- public:
-  RandomKeySource(int64_t rows, int dim) : rows_(rows), dim_(dim) {}
-  int64_t rows() const override { return rows_; }
-  int dim() const override { return dim_; }
-  absl::Status Read(int64_t begin, int64_t end, float* out) const override {
-    for (int64_t r = begin; r < end; ++r) {
-      std::mt19937 rng(static_cast<uint32_t>(r * 2654435761u));
-      std::normal_distribution<float> normal;
-      for (int d = 0; d < dim_; ++d) *out++ = normal(rng);
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const int64_t rows_;
-  const int dim_;
+  int shard_batch_threads =
+      BatcherOptions().num_threads;  // a) and b): each shard's engine calls at once
 };
 
 std::string IndexDir(const Flags& flags, int shards) {
@@ -306,9 +288,10 @@ void BenchA(const Flags& flags) {
                 Ms(remote.Quantile(0.5) - local.Quantile(0.5)).c_str());
     std::fflush(stdout);
   }
-  std::printf("\nThe same request through the router and a shard whose engine answers at once: "
-              "p50 %s ms.\n",
-              Ms(ServiceAloneLatency(flags)).c_str());
+  std::printf(
+      "\nThe same request through the router and a shard whose engine answers at once: "
+      "p50 %s ms.\n",
+      Ms(ServiceAloneLatency(flags)).c_str());
   std::fflush(stdout);
 }
 
@@ -328,10 +311,9 @@ void BenchB(const Flags& flags) {
       "ratio | engines ratio |\n|---|---|---|---|---|---|\n");
   for (int clients : {1, 2}) {
     const RouterClients router_clients(flags, cluster.router->address(), clients);
-    const std::vector<Stats> stats =
-        Alternate(flags, {InProcessSide(flags, *engine, clients),
-                          InProcessSide(flags, **shard_engines, clients),
-                          RouterSide(flags, router_clients)});
+    const std::vector<Stats> stats = Alternate(
+        flags, {InProcessSide(flags, *engine, clients),
+                InProcessSide(flags, **shard_engines, clients), RouterSide(flags, router_clients)});
     const double local = stats[0].rows_per_second();
     std::printf("| %d | %.0f | %.0f | %.0f | %.3f | %.3f |\n", clients, local,
                 stats[1].rows_per_second(), stats[2].rows_per_second(),

@@ -8,6 +8,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 
 namespace knnserve {
 namespace {
@@ -232,38 +234,49 @@ int DirectoryLock::RemoveDebris() const {
   return removed;
 }
 
-absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("cannot open", path);
+namespace {
+
+// Size and SHA-256 of what is left to read of `fd` (`path` names it in errors).
+absl::StatusOr<FileDigest> DigestRest(int fd, const std::string& path) {
   std::vector<char> buffer(4 << 20);
   Sha256 sha;
   FileDigest digest;
   while (true) {
     const ssize_t n = ::read(fd, buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status error = ErrnoError("cannot read", path);
-      ::close(fd);
-      return error;
-    }
+    if (n < 0) return ErrnoError("cannot read", path);
     if (n == 0) break;
     sha.Update(buffer.data(), static_cast<size_t>(n));
     digest.bytes += n;
   }
-  ::close(fd);
   digest.sha256 = sha.HexDigest();
+  return digest;
+}
+
+absl::Status CheckDigest(const std::string& path, const FileDigest& actual,
+                         const FileDigest& expected) {
+  if (actual.bytes != expected.bytes || actual.sha256 != expected.sha256) {
+    return absl::DataLossError(absl::StrCat(
+        path, " has ", actual.bytes, " bytes, sha256 ", actual.sha256, "; the manifest says ",
+        expected.bytes, " bytes, sha256 ", expected.sha256, " (truncated, corrupted or replaced)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  absl::StatusOr<FileDigest> digest = DigestRest(fd, path);
+  ::close(fd);
   return digest;
 }
 
 absl::Status VerifyFile(const std::string& path, const FileDigest& expected) {
   absl::StatusOr<FileDigest> actual = DigestFile(path);
   if (!actual.ok()) return actual.status();
-  if (actual->bytes != expected.bytes || actual->sha256 != expected.sha256) {
-    return absl::DataLossError(absl::StrCat(
-        path, " has ", actual->bytes, " bytes, sha256 ", actual->sha256, "; the manifest says ",
-        expected.bytes, " bytes, sha256 ", expected.sha256, " (truncated, corrupted or replaced)"));
-  }
-  return absl::OkStatus();
+  return CheckDigest(path, *actual, expected);
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
@@ -290,22 +303,70 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
   return bytes;
 }
 
-absl::StatusOr<std::vector<uint8_t>> ReadVerifiedFile(const std::string& path,
-                                                      const FileDigest& expected) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
-  if (!bytes.ok()) return bytes.status();
-  if (static_cast<int64_t>(bytes->size()) != expected.bytes) {
-    return absl::DataLossError(absl::StrCat(path, " has ", bytes->size(),
-                                            " bytes, the manifest says ", expected.bytes,
-                                            " (truncated or replaced?)"));
+absl::StatusOr<size_t> SpanReader::Read(void* data, size_t size) {
+  const size_t n = std::min<size_t>(size, remaining());
+  std::memcpy(data, data_ + position_, n);
+  position_ += n;
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<VerifiedFileReader>> VerifiedFileReader::Open(
+    const std::string& path, const FileDigest& expected) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  // Owned from here on, so that every return below closes it.
+  std::unique_ptr<VerifiedFileReader> reader(
+      new VerifiedFileReader(path, fd, static_cast<uint64_t>(expected.bytes)));
+  ASSIGN_OR_RETURN(const FileDigest actual, DigestRest(fd, path));
+  RETURN_IF_ERROR(CheckDigest(path, actual, expected));
+  if (::lseek(fd, 0, SEEK_SET) != 0) return ErrnoError("cannot seek in", path);
+  return reader;
+}
+
+VerifiedFileReader::VerifiedFileReader(std::string path, int fd, uint64_t size)
+    : path_(std::move(path)), fd_(fd), remaining_(size), buffer_(1 << 20) {}
+
+VerifiedFileReader::~VerifiedFileReader() { ::close(fd_); }
+
+absl::StatusOr<size_t> VerifiedFileReader::ReadFd(void* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd_, static_cast<char*>(data) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("cannot read", path_);
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
   }
-  Sha256 sha;
-  sha.Update(bytes->data(), bytes->size());
-  if (const std::string actual = sha.HexDigest(); actual != expected.sha256) {
-    return absl::DataLossError(absl::StrCat(path, " has sha256 ", actual, ", the manifest says ",
-                                            expected.sha256, " (corrupted?)"));
+  return done;
+}
+
+absl::StatusOr<size_t> VerifiedFileReader::Read(void* data, size_t size) {
+  const size_t wanted = std::min<uint64_t>(size, remaining_);
+  auto* out = static_cast<uint8_t*>(data);
+  size_t done = 0;
+  while (done < wanted) {
+    if (buffer_begin_ == buffer_end_) {
+      // Large reads (a list's codes, a whole array) go straight to their destination.
+      if (wanted - done >= buffer_.size()) {
+        ASSIGN_OR_RETURN(const size_t n, ReadFd(out + done, wanted - done));
+        done += n;
+        break;
+      }
+      ASSIGN_OR_RETURN(buffer_end_, ReadFd(buffer_.data(), buffer_.size()));
+      buffer_begin_ = 0;
+      if (buffer_end_ == 0) break;
+    }
+    const size_t n = std::min(wanted - done, buffer_end_ - buffer_begin_);
+    std::memcpy(out + done, buffer_.data() + buffer_begin_, n);
+    buffer_begin_ += n;
+    done += n;
   }
-  return bytes;
+  if (done < wanted) {  // the checked size is no longer there: changed in place
+    return absl::DataLossError(
+        absl::StrCat(path_, " ended ", remaining_ - done, " bytes early while being read"));
+  }
+  remaining_ -= done;
+  return done;
 }
 
 }  // namespace knnserve

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -118,10 +119,67 @@ absl::Status VerifyFile(const std::string& path, const FileDigest& expected);
 // Reads a whole file.
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
 
-// Reads a whole file and checks it against `expected`; DATA_LOSS naming the file when the size
-// or the SHA-256 differ (a truncated or corrupted file).
-absl::StatusOr<std::vector<uint8_t>> ReadVerifiedFile(const std::string& path,
-                                                      const FileDigest& expected);
+// Input read front to back that knows how many bytes are left: a file (VerifiedFileReader) or
+// bytes in memory (SpanReader). Parsers of large files take one, so that what they parse goes
+// straight into its final form instead of first into a copy of the whole file.
+class ByteReader {
+ public:
+  virtual ~ByteReader() = default;
+  // Reads min(size, remaining()) bytes into `data`; returns how many. Errors name the input.
+  virtual absl::StatusOr<size_t> Read(void* data, size_t size) = 0;
+  virtual uint64_t remaining() const = 0;
+  // The input in messages (a file's path).
+  virtual const std::string& name() const = 0;
+};
+
+// Bytes borrowed from memory; they and `name` must outlive the reader. Thread-compatible.
+class SpanReader : public ByteReader {
+ public:
+  SpanReader(const void* data, size_t size, std::string name)
+      : data_(static_cast<const uint8_t*>(data)), size_(size), name_(std::move(name)) {}
+  absl::StatusOr<size_t> Read(void* data, size_t size) override;
+  uint64_t remaining() const override { return size_ - position_; }
+  const std::string& name() const override { return name_; }
+
+ private:
+  const uint8_t* const data_;
+  const size_t size_;
+  const std::string name_;
+  size_t position_ = 0;
+};
+
+// A file whose size and SHA-256 were checked against `expected` before its first byte is handed
+// out (streamed in 4 MiB blocks, so no copy of the file is held), then read through the same
+// descriptor with a 1 MiB buffer. Parsers never see a corrupted file: a damaged length field
+// could otherwise make them allocate far beyond the file before failing. Being read through the
+// descriptor that was checked, a file renamed over `path` meanwhile (how knnserve replaces
+// files) is not what gets read; a file rewritten in place is not guarded against. The file is
+// read twice, the second time mostly from the page cache. Thread-compatible.
+class VerifiedFileReader : public ByteReader {
+ public:
+  // NOT_FOUND / errno errors naming `path`; DATA_LOSS naming it when size or digest differ.
+  static absl::StatusOr<std::unique_ptr<VerifiedFileReader>> Open(const std::string& path,
+                                                                  const FileDigest& expected);
+  ~VerifiedFileReader() override;
+  VerifiedFileReader(const VerifiedFileReader&) = delete;
+  VerifiedFileReader& operator=(const VerifiedFileReader&) = delete;
+
+  absl::StatusOr<size_t> Read(void* data, size_t size) override;
+  uint64_t remaining() const override { return remaining_; }
+  const std::string& name() const override { return path_; }
+
+ private:
+  VerifiedFileReader(std::string path, int fd, uint64_t size);
+  // Reads up to `size` bytes from the descriptor (fewer only at its end).
+  absl::StatusOr<size_t> ReadFd(void* data, size_t size);
+
+  const std::string path_;
+  const int fd_;
+  uint64_t remaining_;  // bytes not yet handed out
+  std::vector<uint8_t> buffer_;
+  size_t buffer_begin_ = 0;  // buffer_[buffer_begin_, buffer_end_) read but not handed out
+  size_t buffer_end_ = 0;
+};
 
 }  // namespace knnserve
 

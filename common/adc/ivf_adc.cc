@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/adc/two_stage.h"
+#include "common/heap.h"
 #include "common/omp_threads.h"
 #include "common/status_macros.h"
 
@@ -124,12 +125,16 @@ absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options
     adc->block_begin_.push_back(adc->block_begin_.back() + (n + kAdcBlock - 1) / kAdcBlock);
     adc->list_begin_.push_back(adc->list_begin_.back() + n);
   }
-  adc->lines_.resize(adc->block_begin_.back() * m);
+  // Reserved, then grown block by block as the lists are packed and freed: resizing at once
+  // would zero (and so make resident) every packed page while all lists are still held.
+  adc->lines_.reserve(adc->block_begin_.back() * m);
   adc->ids_.reserve(adc->list_begin_.back());
   adc->ComputeBiases(lists.codes);
   // Lanes past a list's end read code 0 and are masked out by the scan.
   const std::vector<uint8_t> zero_row(m, 0);
   const uint8_t* rows[kAdcBlock];
+  constexpr size_t kTrimBytes = size_t{64} << 20;
+  size_t freed_bytes = 0;
   for (int l = 0; l < lists.nlist(); ++l) {
     const std::vector<uint8_t>& codes = lists.codes[l];
     const int64_t n = static_cast<int64_t>(lists.ids[l].size());
@@ -137,11 +142,19 @@ absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options
       for (int i = 0; i < kAdcBlock; ++i) {
         rows[i] = b + i < n ? codes.data() + (b + i) * m : zero_row.data();
       }
-      adc->kernels_.pack(rows, m, adc->lines_[(adc->block_begin_[l] + b / kAdcBlock) * m].bytes);
+      adc->lines_.resize(adc->lines_.size() + m);
+      adc->kernels_.pack(rows, m, adc->lines_[adc->lines_.size() - m].bytes);
     }
     adc->ids_.insert(adc->ids_.end(), lists.ids[l].begin(), lists.ids[l].end());
-    std::vector<uint8_t>().swap(lists.codes[l]);  // keep the peak near one copy of the codes
-    std::vector<uint32_t>().swap(lists.ids[l]);
+    // Keeps the peak near one copy of the codes: the packed lines are mapped apart, so the lists
+    // freed on the heap must be returned to the system as the packed ones grow.
+    freed_bytes += lists.codes[l].capacity() + lists.ids[l].capacity() * sizeof(uint32_t);
+    lists.codes[l] = {};
+    lists.ids[l] = {};
+    if (freed_bytes >= kTrimBytes) {
+      ReturnFreedHeapMemory();
+      freed_bytes = 0;
+    }
   }
   return adc;
 }

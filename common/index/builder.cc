@@ -195,19 +195,29 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
   for (int s = 0; s < options.shards; ++s) {
     const ShardRange& r = ranges[s];
     ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> shard, trained->CloneEmpty());
-    SubsetCodes codes;
+    ShardManifest entry{r.id_begin, r.id_end, r.sentence_begin, r.sentence_end, {}, {}, {}};
+    // The subset codes go to their file as they are encoded: a shard's codes are as large as
+    // its index's, and are never needed whole.
+    std::unique_ptr<AtomicFileWriter> codes_out;
+    if (quantizer != nullptr) {
+      std::vector<int64_t> offsets(values->offsets().begin() + r.sentence_begin,
+                                   values->offsets().begin() + r.sentence_end + 1);
+      for (int64_t& o : offsets) o -= r.id_begin;
+      entry.subset_codes = ManifestFile{ShardFile(s, "subset"), {}};
+      ASSIGN_OR_RETURN(codes_out, AtomicFileWriter::Create(path(entry.subset_codes->file)));
+      RETURN_IF_ERROR(codes_out->Append(SubsetCodesHeader(quantizer->codebook().m, offsets)));
+    }
     for (int64_t begin = r.id_begin; begin < r.id_end; begin += options.chunk_rows) {
       const int64_t end = std::min(r.id_end, begin + options.chunk_rows);
       const MatrixView<const float> rows{chunk.data(), end - begin, keys.dim()};
       RETURN_IF_ERROR(keys.Read(begin, end, chunk.data()));
       RETURN_IF_ERROR(shard->Add(rows));
-      if (quantizer != nullptr) {
+      if (codes_out != nullptr) {
         ASSIGN_OR_RETURN(Matrix<uint8_t> c, quantizer->Encode(rows));
-        codes.codes.insert(codes.codes.end(), c.data(), c.data() + c.size());
+        RETURN_IF_ERROR(codes_out->Append(c.data(), c.size()));
       }
       bar.Add(end - begin);
     }
-    ShardManifest entry{r.id_begin, r.id_end, r.sentence_begin, r.sentence_end, {}, {}, {}};
     entry.index.file = ShardFile(s, "faiss");
     ASSIGN_OR_RETURN(entry.index.digest, shard->Save(path(entry.index.file)));
     if (values != nullptr) {
@@ -216,15 +226,8 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
                        WriteShardValues(*values, r, options.chunk_rows, path(file)));
       entry.values = ManifestFile{file, digest};
     }
-    if (quantizer != nullptr) {
-      codes.m = quantizer->codebook().m;
-      codes.offsets.assign(values->offsets().begin() + r.sentence_begin,
-                           values->offsets().begin() + r.sentence_end + 1);
-      for (int64_t& o : codes.offsets) o -= r.id_begin;
-      const std::string file = ShardFile(s, "subset");
-      ASSIGN_OR_RETURN(FileDigest digest,
-                       WriteFileAtomically(path(file), SerializeSubsetCodes(codes)));
-      entry.subset_codes = ManifestFile{file, digest};
+    if (codes_out != nullptr) {
+      ASSIGN_OR_RETURN(entry.subset_codes->digest, codes_out->Commit());
     }
     manifest.shards.push_back(std::move(entry));
   }

@@ -36,9 +36,11 @@ struct IndexBuildOptions {
 // set it must have valid offsets and keys.rows() tokens (INVALID_ARGUMENT otherwise), and each
 // shard then carries its values and, see subset_m, the subset PQ codes of its sentences.
 //
-// Memory: the training sample, one chunk of keys (and of tokens), and per shard its subset codes;
-// of the values only what `values` itself holds (offsets, for the streaming sources), since each
-// shard's values file is read from `values` and written chunk_rows tokens at a time.
+// Memory: the training sample, one chunk of keys (and of tokens), and the shard being built (its
+// faiss index, streamed to its file when whole); its subset codes go to their file chunk by
+// chunk as they are encoded. Of the values only what `values` itself holds (offsets, for the
+// streaming sources), since each shard's values file is read from `values` and written
+// chunk_rows tokens at a time.
 absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
                                          const std::string& out_dir);

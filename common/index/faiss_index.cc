@@ -144,22 +144,35 @@ void NormaliseRows(Metric metric, Neighbors& out) {
   }
 }
 
+// Moves list `l` of `from` into `codes` and `ids` (as 32-bit local ids), leaving it empty, so
+// that a shard's lists are held once while they change form: an ArrayInvertedLists (what faiss
+// reads and builds) hands its codes over without a copy; other lists are copied.
+void TakeList(faiss::InvertedLists& from, size_t l, std::vector<uint8_t>& codes,
+              std::vector<uint32_t>& ids) {
+  if (auto* array = dynamic_cast<faiss::ArrayInvertedLists*>(&from)) {
+    codes = std::exchange(array->codes[l], {});
+    ids.assign(array->ids[l].begin(), array->ids[l].end());
+    array->ids[l] = {};
+    return;
+  }
+  const size_t n = from.list_size(l);
+  faiss::InvertedLists::ScopedCodes list_codes(&from, l);
+  faiss::InvertedLists::ScopedIds list_ids(&from, l);
+  codes.assign(list_codes.get(), list_codes.get() + n * from.code_size);
+  ids.assign(list_ids.get(), list_ids.get() + n);
+}
+
 // Read-only inverted lists with 4-byte local ids. faiss asks for a list's ids through
 // get_ids/release_ids (the hook faiss's on-disk lists use), so the 8-byte ids it scans with are
 // materialised per probed list, per call: thread-safe, and small next to scanning the codes.
 class CompactInvertedLists : public faiss::ReadOnlyInvertedLists {
  public:
-  explicit CompactInvertedLists(const faiss::InvertedLists& from)
+  // Takes the lists of `from`, leaving them empty (TakeList).
+  explicit CompactInvertedLists(faiss::InvertedLists& from)
       : faiss::ReadOnlyInvertedLists(from.nlist, from.code_size),
         codes_(from.nlist),
         ids_(from.nlist) {
-    for (size_t l = 0; l < from.nlist; ++l) {
-      const size_t n = from.list_size(l);
-      faiss::InvertedLists::ScopedCodes codes(&from, l);
-      faiss::InvertedLists::ScopedIds ids(&from, l);
-      codes_[l].assign(codes.get(), codes.get() + n * code_size);
-      ids_[l].assign(ids.get(), ids.get() + n);
-    }
+    for (size_t l = 0; l < from.nlist; ++l) TakeList(from, l, codes_[l], ids_[l]);
   }
 
   size_t list_size(size_t list_no) const override { return ids_[list_no].size(); }
@@ -180,22 +193,84 @@ class CompactInvertedLists : public faiss::ReadOnlyInvertedLists {
   std::vector<std::vector<uint32_t>> ids_;
 };
 
+// faiss's reader over a ByteReader, with fread's semantics (whole items; fewer at the end). A
+// read error is kept: faiss's own message ("read error") would hide it.
+class FaissByteReader : public faiss::IOReader {
+ public:
+  explicit FaissByteReader(ByteReader& in) : in_(in) { name = in.name(); }
+  size_t operator()(void* ptr, size_t size, size_t nitems) override {
+    if (size == 0 || nitems == 0 || !error_.ok()) return 0;
+    const size_t items = std::min<uint64_t>(nitems, in_.remaining() / size);
+    absl::StatusOr<size_t> n = in_.Read(ptr, items * size);
+    if (!n.ok()) {
+      error_ = n.status();
+      return 0;
+    }
+    return *n / size;
+  }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  ByteReader& in_;
+  absl::Status error_;
+};
+
+// faiss's writer into an AtomicFileWriter, through a 1 MiB buffer (faiss writes every scalar
+// field on its own). A write error is kept, as FaissByteReader keeps a read error.
+class FaissFileWriter : public faiss::IOWriter {
+ public:
+  explicit FaissFileWriter(AtomicFileWriter& out) : out_(out) { buffer_.reserve(kBufferBytes); }
+  size_t operator()(const void* ptr, size_t size, size_t nitems) override {
+    const size_t bytes = size * nitems;
+    if (bytes == 0 || !error_.ok()) return 0;
+    if (buffer_.size() + bytes > kBufferBytes && !Flush().ok()) return 0;
+    if (bytes >= kBufferBytes) {  // a whole list or array: straight to the file
+      error_ = out_.Append(ptr, bytes);
+      return error_.ok() ? nitems : 0;
+    }
+    const auto* p = static_cast<const char*>(ptr);
+    buffer_.insert(buffer_.end(), p, p + bytes);
+    return nitems;
+  }
+  absl::Status Flush() {
+    if (error_.ok() && !buffer_.empty()) error_ = out_.Append(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return error_;
+  }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+  AtomicFileWriter& out_;
+  std::vector<char> buffer_;
+  absl::Status error_;
+};
+
+// Streams the index into `path` (atomically): no serialized copy of it is held.
 absl::StatusOr<FileDigest> SaveFaiss(const faiss::Index* index, const std::string& path) {
-  faiss::VectorIOWriter writer;
-  absl::Status s =
+  ASSIGN_OR_RETURN(const std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path));
+  FaissFileWriter writer(*out);
+  const absl::Status s =
       Guard(absl::StrCat("write_index ", path), 1, [&] { faiss::write_index(index, &writer); });
-  if (!s.ok()) return s;
-  return WriteFileAtomically(
-      path,
-      absl::string_view(reinterpret_cast<const char*>(writer.data.data()), writer.data.size()));
+  RETURN_IF_ERROR(writer.error());
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(writer.Flush());
+  return out->Commit();
 }
 
-absl::StatusOr<std::unique_ptr<faiss::Index>> ReadFaiss(std::vector<uint8_t> bytes) {
-  faiss::VectorIOReader reader;
-  reader.data = std::move(bytes);
+// Parses an index in write_index format from `in`, which it must fill exactly. io_flags: faiss's
+// IO_FLAG_* (index_io.h).
+absl::StatusOr<std::unique_ptr<faiss::Index>> ReadFaiss(ByteReader& in, int io_flags = 0) {
+  FaissByteReader reader(in);
   std::unique_ptr<faiss::Index> index;
-  absl::Status s = Guard("read_index", 1, [&] { index.reset(faiss::read_index(&reader)); });
-  if (!s.ok()) return s;
+  const absl::Status s = Guard(absl::StrCat("read_index ", in.name()), 1,
+                               [&] { index.reset(faiss::read_index(&reader, io_flags)); });
+  RETURN_IF_ERROR(reader.error());
+  RETURN_IF_ERROR(s);
+  if (in.remaining() != 0) {
+    return absl::DataLossError(
+        absl::StrCat(in.name(), ": ", in.remaining(), " bytes after the end of the index"));
+  }
   return index;
 }
 
@@ -326,8 +401,8 @@ void FlatL2Search(const faiss::IndexFlat& flat, const std::vector<float>& norms,
   }
 }
 
-// Copies what IvfAdc needs out of an eligible IVF-PQ index.
-IvfPqLists ExportIvfPqLists(const faiss::IndexIVFPQ& ivfpq) {
+// Takes what IvfAdc needs out of an eligible IVF-PQ index, leaving its lists empty.
+IvfPqLists TakeIvfPqLists(faiss::IndexIVFPQ& ivfpq) {
   IvfPqLists lists;
   lists.codebook.m = static_cast<int>(ivfpq.pq.M);
   lists.codebook.dsub = static_cast<int>(ivfpq.pq.dsub);
@@ -336,13 +411,8 @@ IvfPqLists ExportIvfPqLists(const faiss::IndexIVFPQ& ivfpq) {
   ivfpq.quantizer->reconstruct_n(0, ivfpq.nlist, lists.coarse_centroids.data());
   lists.codes.resize(ivfpq.nlist);
   lists.ids.resize(ivfpq.nlist);
-  for (size_t l = 0; l < ivfpq.nlist; ++l) {
-    const size_t n = ivfpq.invlists->list_size(l);
-    faiss::InvertedLists::ScopedCodes codes(ivfpq.invlists, l);
-    faiss::InvertedLists::ScopedIds ids(ivfpq.invlists, l);
-    lists.codes[l].assign(codes.get(), codes.get() + n * ivfpq.code_size);
-    lists.ids[l].assign(ids.get(), ids.get() + n);
-  }
+  for (size_t l = 0; l < ivfpq.nlist; ++l)
+    TakeList(*ivfpq.invlists, l, lists.codes[l], lists.ids[l]);
   return lists;
 }
 
@@ -387,17 +457,30 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Create(const std::string
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(index), threads));
 }
 
-absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Deserialize(std::vector<uint8_t> bytes,
-                                                                    int threads) {
-  if (absl::Status s = CheckThreads(threads); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<faiss::Index>> index = ReadFaiss(std::move(bytes));
-  if (!index.ok()) return index.status();
-  const faiss::MetricType metric = (*index)->metric_type;
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Read(ByteReader& in, int threads) {
+  return ReadIndex(in, threads, /*io_flags=*/0);
+}
+
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::LoadForServing(ByteReader& in, int threads,
+                                                                       AdcKernel kernel) {
+  // faiss computes an IVF-PQ index's table of nlist x m x 256 floats while reading it (up to 2
+  // GB): IvfAdc never reads it, and PrepareForServing computes it when faiss scans the lists.
+  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
+                   ReadIndex(in, threads, faiss::IO_FLAG_SKIP_PRECOMPUTE_TABLE));
+  RETURN_IF_ERROR(index->PrepareForServing(kernel));
+  return index;
+}
+
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::ReadIndex(ByteReader& in, int threads,
+                                                                  int io_flags) {
+  RETURN_IF_ERROR(CheckThreads(threads));
+  ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> index, ReadFaiss(in, io_flags));
+  const faiss::MetricType metric = index->metric_type;
   if (metric != faiss::METRIC_L2 && metric != faiss::METRIC_INNER_PRODUCT) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("faiss index has metric ", metric, "; only L2 and inner product are served"));
+    return absl::InvalidArgumentError(absl::StrCat(in.name(), ": faiss index has metric ", metric,
+                                                   "; only L2 and inner product are served"));
   }
-  return std::unique_ptr<FaissIndex>(new FaissIndex(*std::move(index), threads));
+  return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(index), threads));
 }
 
 int FaissIndex::dim() const { return index_->d; }
@@ -515,7 +598,8 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::CloneEmpty() const {
   faiss::VectorIOWriter writer;
   RETURN_IF_ERROR(
       Guard("serialize trained index", 1, [&] { faiss::write_index(index_.get(), &writer); }));
-  ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(std::move(writer.data)));
+  SpanReader serialized(writer.data.data(), writer.data.size(), "the trained index");
+  ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> clone, ReadFaiss(serialized));
   return std::unique_ptr<FaissIndex>(new FaissIndex(std::move(clone), threads_));
 }
 
@@ -525,10 +609,16 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
     return Guard("flat norms", threads_, [&] { flat_norms_ = StoredNorms(*flat); });
   }
   faiss::IndexIVFPQ* ivfpq = IvfAdcCandidate(index_.get());
-  if (ivf_adc_ != nullptr || ivfpq == nullptr || !IsQuantized(kernel)) return CompactIds();
+  if (ivf_adc_ != nullptr || ivfpq == nullptr || !IsQuantized(kernel)) {
+    RETURN_IF_ERROR(PrecomputeIvfPqTable());
+    return CompactIds();
+  }
+  if (!CpuSupports(kernel)) {  // checked before the lists are taken out of faiss's index
+    return absl::FailedPreconditionError(
+        absl::StrCat("this CPU cannot run the ", AdcKernelName(kernel), " kernel"));
+  }
   IvfPqLists lists;
-  RETURN_IF_ERROR(
-      Guard("export inverted lists", threads_, [&] { lists = ExportIvfPqLists(*ivfpq); }));
+  RETURN_IF_ERROR(Guard("take inverted lists", threads_, [&] { lists = TakeIvfPqLists(*ivfpq); }));
   ASSIGN_OR_RETURN(ivf_adc_, IvfAdc::Create(std::move(lists), {threads_, kernel}));
   if (const faiss::IndexFlat* quantizer = ExactL2Flat(ivfpq->quantizer); quantizer != nullptr) {
     RETURN_IF_ERROR(
@@ -542,6 +632,15 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
     ivfpq->precomputed_table.resize(0);
     ivfpq->use_precomputed_table = 0;
   });
+}
+
+absl::Status FaissIndex::PrecomputeIvfPqTable() {
+  auto* ivfpq = dynamic_cast<faiss::IndexIVFPQ*>(const_cast<faiss::Index*>(Unwrap(index_.get())));
+  if (ivfpq == nullptr || !ivfpq->by_residual || ivfpq->precomputed_table.size() > 0) {
+    return absl::OkStatus();
+  }
+  // What read_index does unless told not to (LoadForServing); faiss decides whether to keep it.
+  return Guard("precompute IVF-PQ table", threads_, [&] { ivfpq->precompute_table(); });
 }
 
 absl::Status FaissIndex::AbsorbIvfLists(std::vector<std::unique_ptr<FaissIndex>> others,
@@ -665,17 +764,16 @@ absl::StatusOr<std::unique_ptr<SubsetQuantizer>> SubsetQuantizer::Train(
   return std::unique_ptr<SubsetQuantizer>(new SubsetQuantizer(std::move(out), threads));
 }
 
-absl::StatusOr<std::unique_ptr<SubsetQuantizer>> SubsetQuantizer::Deserialize(
-    std::vector<uint8_t> bytes, int threads) {
+absl::StatusOr<std::unique_ptr<SubsetQuantizer>> SubsetQuantizer::Read(ByteReader& in,
+                                                                       int threads) {
   RETURN_IF_ERROR(CheckThreads(threads));
-  absl::StatusOr<std::unique_ptr<faiss::Index>> index = ReadFaiss(std::move(bytes));
-  if (!index.ok()) return index.status();
-  const faiss::IndexPQ* pq = InnerPq(index->get());
+  ASSIGN_OR_RETURN(std::unique_ptr<faiss::Index> index, ReadFaiss(in));
+  const faiss::IndexPQ* pq = InnerPq(index.get());
   if (pq == nullptr || pq->pq.nbits != 8) {
-    return absl::InvalidArgumentError(
-        "subset quantizer file is not an IndexPreTransform over an 8-bit IndexPQ");
+    return absl::InvalidArgumentError(absl::StrCat(
+        in.name(), ": subset quantizer file is not an IndexPreTransform over an 8-bit IndexPQ"));
   }
-  return std::unique_ptr<SubsetQuantizer>(new SubsetQuantizer(*std::move(index), threads));
+  return std::unique_ptr<SubsetQuantizer>(new SubsetQuantizer(std::move(index), threads));
 }
 
 int SubsetQuantizer::input_dim() const { return index_->d; }

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/adc/adc_kernels.h"
 #include "common/adc/pq_codebook.h"
+#include "common/files.h"
 #include "common/index/search_index.h"
 
 namespace faiss {
@@ -35,9 +36,14 @@ class FaissIndex : public SearchIndex {
   // An untrained index of dimension `dim` from a faiss index_factory string. threads >= 1.
   static absl::StatusOr<std::unique_ptr<FaissIndex>> Create(const std::string& factory, int dim,
                                                             Metric metric, int threads);
-  // Parses an index serialized in faiss's write_index format (the bytes of a Save()d file).
-  static absl::StatusOr<std::unique_ptr<FaissIndex>> Deserialize(std::vector<uint8_t> bytes,
-                                                                 int threads);
+  // Parses an index in faiss's write_index format (a Save()d file) that fills `in` exactly; errors
+  // name `in`.
+  static absl::StatusOr<std::unique_ptr<FaissIndex>> Read(ByteReader& in, int threads);
+  // Read + PrepareForServing(kernel), holding the index about once meanwhile: faiss's lists
+  // become IvfAdc's packed lists (or CompactIds' lists) one list at a time, and faiss's
+  // precomputed IVF-PQ table is computed only if faiss itself will scan the lists.
+  static absl::StatusOr<std::unique_ptr<FaissIndex>> LoadForServing(ByteReader& in, int threads,
+                                                                    AdcKernel kernel);
   ~FaissIndex() override;
 
   int dim() const override;
@@ -92,6 +98,12 @@ class FaissIndex : public SearchIndex {
 
  private:
   FaissIndex(std::unique_ptr<faiss::Index> index, int threads);
+  // Read with faiss's IO_FLAG_* `io_flags`.
+  static absl::StatusOr<std::unique_ptr<FaissIndex>> ReadIndex(ByteReader& in, int threads,
+                                                               int io_flags);
+  // The table faiss's IVF-PQ search uses (read_index computes it unless told not to), when
+  // missing.
+  absl::Status PrecomputeIvfPqTable();
 
   absl::StatusOr<Neighbors> SearchWithIvfAdc(MatrixView<const float> queries,
                                              const SearchParams& params) const;
@@ -119,8 +131,8 @@ class SubsetQuantizer {
   static absl::StatusOr<std::unique_ptr<SubsetQuantizer>> Train(const FaissIndex& index, int m,
                                                                 MatrixView<const float> sample,
                                                                 int threads);
-  static absl::StatusOr<std::unique_ptr<SubsetQuantizer>> Deserialize(std::vector<uint8_t> bytes,
-                                                                      int threads);
+  // As FaissIndex::Read, for a Save()d subset quantizer.
+  static absl::StatusOr<std::unique_ptr<SubsetQuantizer>> Read(ByteReader& in, int threads);
   ~SubsetQuantizer();
 
   int input_dim() const;  // dimension of keys and queries

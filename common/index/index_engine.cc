@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/adc/subset_adc.h"
+#include "common/heap.h"
 #include "common/index/faiss_index.h"
 #include "common/index/manifest.h"
 #include "common/index/shard_data.h"
@@ -15,8 +16,10 @@
 namespace knnserve {
 namespace {
 
-absl::StatusOr<std::vector<uint8_t>> ReadChecked(const std::string& dir, const ManifestFile& f) {
-  return ReadVerifiedFile(absl::StrCat(dir, "/", f.file), f.digest);
+// The manifest's file `f` of `dir`, checked against its size and digest before it is read.
+absl::StatusOr<std::unique_ptr<VerifiedFileReader>> OpenChecked(const std::string& dir,
+                                                                const ManifestFile& f) {
+  return VerifiedFileReader::Open(absl::StrCat(dir, "/", f.file), f.digest);
 }
 
 absl::Status CheckQuery(const EngineInfo& info, const SearchQuery& query) {
@@ -118,9 +121,9 @@ class MergedEngine : public SearchEngine {
 absl::StatusOr<std::shared_ptr<const SubsetQuantizer>> LoadQuantizer(
     const std::string& dir, const IndexManifest& manifest, const IndexEngineOptions& options) {
   if (!manifest.subset_quantizer) return nullptr;
-  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, *manifest.subset_quantizer));
-  ASSIGN_OR_RETURN(std::unique_ptr<SubsetQuantizer> q,
-                   SubsetQuantizer::Deserialize(std::move(bytes), options.threads));
+  ASSIGN_OR_RETURN(const std::unique_ptr<VerifiedFileReader> in,
+                   OpenChecked(dir, *manifest.subset_quantizer));
+  ASSIGN_OR_RETURN(std::unique_ptr<SubsetQuantizer> q, SubsetQuantizer::Read(*in, options.threads));
   return std::shared_ptr<const SubsetQuantizer>(std::move(q));
 }
 
@@ -138,23 +141,18 @@ absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexMan
   ShardParts parts;
   const int64_t rows = shard.id_end - shard.id_begin;
   if (options.full_search) {
-    const std::string where = absl::StrCat(dir, "/", shard.index.file);
-    ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadChecked(dir, shard.index));
-    absl::StatusOr<std::unique_ptr<FaissIndex>> index =
-        FaissIndex::Deserialize(std::move(bytes), options.threads);
-    if (!index.ok()) {  // faiss's own message names no file
-      return absl::Status(index.status().code(),
-                          absl::StrCat(where, ": ", index.status().message()));
-    }
-    parts.index = *std::move(index);
+    ASSIGN_OR_RETURN(const std::unique_ptr<VerifiedFileReader> in, OpenChecked(dir, shard.index));
+    // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
+    ASSIGN_OR_RETURN(parts.index,
+                     FaissIndex::LoadForServing(*in, options.threads, options.adc_kernel));
+    ReturnFreedHeapMemory();  // faiss's lists, before the values and codes are read
     if (parts.index->dim() != manifest.dim || parts.index->metric() != manifest.metric ||
         parts.index->size() != rows) {
-      return absl::DataLossError(absl::StrCat(
-          where, ": dimension ", parts.index->dim(), ", metric ", MetricName(parts.index->metric()),
-          ", ", parts.index->size(), " vectors do not match the manifest"));
+      return absl::DataLossError(absl::StrCat(in->name(), ": dimension ", parts.index->dim(),
+                                              ", metric ", MetricName(parts.index->metric()), ", ",
+                                              parts.index->size(),
+                                              " vectors do not match the manifest"));
     }
-    // Codes + 4 bytes per vector while serving; IVF-PQ lists packed for the quantized scan.
-    RETURN_IF_ERROR(parts.index->PrepareForServing(options.adc_kernel));
   } else if (!shard.subset_codes || !manifest.subset_quantizer) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir, ": shard ", shard_id,
@@ -162,22 +160,21 @@ absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexMan
                      "to search"));
   }
   if (shard.values) {
-    const std::string file = absl::StrCat(dir, "/", shard.values->file);
-    ASSIGN_OR_RETURN(std::vector<uint8_t> vbytes, ReadChecked(dir, *shard.values));
-    ASSIGN_OR_RETURN(parts.values, ParseValues(vbytes, file));
+    ASSIGN_OR_RETURN(const std::unique_ptr<VerifiedFileReader> in, OpenChecked(dir, *shard.values));
+    ASSIGN_OR_RETURN(parts.values, ReadValues(*in));
     if (static_cast<int64_t>(parts.values.size()) != rows) {
       return absl::DataLossError(
-          absl::StrCat(file, ": ", parts.values.size(), " values for ", rows, " vectors"));
+          absl::StrCat(in->name(), ": ", parts.values.size(), " values for ", rows, " vectors"));
     }
   }
   if (shard.subset_codes) {
-    const std::string file = absl::StrCat(dir, "/", shard.subset_codes->file);
-    ASSIGN_OR_RETURN(std::vector<uint8_t> cbytes, ReadChecked(dir, *shard.subset_codes));
-    ASSIGN_OR_RETURN(SubsetCodes codes, ParseSubsetCodes(cbytes, file));
+    ASSIGN_OR_RETURN(const std::unique_ptr<VerifiedFileReader> in,
+                     OpenChecked(dir, *shard.subset_codes));
+    ASSIGN_OR_RETURN(SubsetCodes codes, ReadSubsetCodes(*in));
     if (codes.num_sentences() != shard.sentence_end - shard.sentence_begin ||
         codes.num_vectors() != rows) {
-      return absl::DataLossError(absl::StrCat(file, ": ", codes.num_sentences(), " sentences, ",
-                                              codes.num_vectors(),
+      return absl::DataLossError(absl::StrCat(in->name(), ": ", codes.num_sentences(),
+                                              " sentences, ", codes.num_vectors(),
                                               " vectors do not match the manifest"));
     }
     codes.sentence_begin = shard.sentence_begin;
@@ -196,6 +193,7 @@ absl::StatusOr<ShardParts> LoadShardParts(const std::string& dir, const IndexMan
   info.sentence_end = shard.sentence_end;
   info.has_values = shard.values.has_value();
   info.subset_only = !options.full_search;
+  ReturnFreedHeapMemory();
   return parts;
 }
 
@@ -226,12 +224,23 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> MakeShardEngine(
 // (same tables, same distances).
 absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
   ShardParts merged = std::move(shards[0]);
+  // The merged values and codes are reserved whole, and each shard's freed once appended: grown
+  // by appending alone, they would be copied at every doubling, up to twice their size at once.
+  size_t total_values = 0;
+  size_t total_codes = 0;
+  for (const ShardParts& shard : shards) {
+    total_values += shard.values.size();
+    if (shard.codes) total_codes += shard.codes->codes.size();
+  }
+  merged.values.reserve(total_values);
+  if (merged.codes) merged.codes->codes.reserve(total_codes);
   std::vector<std::unique_ptr<FaissIndex>> others;
   std::vector<int64_t> offsets;
   for (size_t i = 1; i < shards.size(); ++i) {
     ShardParts& shard = shards[i];
     merged.info.has_values = merged.info.has_values && shard.info.has_values;
     merged.values.insert(merged.values.end(), shard.values.begin(), shard.values.end());
+    shard.values = {};
     if (merged.codes && shard.codes) {
       SubsetCodes& codes = *merged.codes;
       const int64_t base = codes.num_vectors();
@@ -239,6 +248,7 @@ absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
         codes.offsets.push_back(base + shard.codes->offsets[s]);
       }
       codes.codes.insert(codes.codes.end(), shard.codes->codes.begin(), shard.codes->codes.end());
+      shard.codes.reset();
     } else {
       merged.codes.reset();
     }
@@ -286,6 +296,7 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> CreateLocalEngine(const std::strin
   }
   if (mergeable) {
     ASSIGN_OR_RETURN(ShardParts merged, MergeShardParts(std::move(parts)));
+    ReturnFreedHeapMemory();
     return MakeShardEngine(std::move(merged), std::move(quantizer), manifest, options);
   }
   std::vector<std::unique_ptr<SearchEngine>> shards;

@@ -25,47 +25,45 @@ void Put(std::string& out, T value) {
 // Reads a file front to back, failing with the file name when it runs short.
 class Reader {
  public:
-  Reader(absl::Span<const uint8_t> bytes, const std::string& source)
-      : bytes_(bytes), source_(source) {}
+  explicit Reader(ByteReader& in) : in_(in) {}
 
   absl::Status Magic(const char* magic) {
-    if (bytes_.size() < kMagicSize || std::memcmp(bytes_.data(), magic, kMagicSize) != 0) {
-      return absl::DataLossError(absl::StrCat(source_, ": not a ", magic, " file"));
+    char read[kMagicSize];
+    if (in_.remaining() < kMagicSize || !Get(read, kMagicSize).ok() ||
+        std::memcmp(read, magic, kMagicSize) != 0) {
+      return absl::DataLossError(absl::StrCat(in_.name(), ": not a ", magic, " file"));
     }
-    pos_ = kMagicSize;
     return absl::OkStatus();
   }
   template <typename T>
   absl::Status Get(T* out, size_t count) {
     const size_t size = count * sizeof(T);
-    if (count > bytes_.size() || bytes_.size() - pos_ < size) {
-      return absl::DataLossError(absl::StrCat(source_, ": truncated at byte ", pos_));
+    if (count > in_.remaining() || in_.remaining() < size) {
+      return absl::DataLossError(absl::StrCat(in_.name(), ": truncated at byte ", position_));
     }
-    std::memcpy(out, bytes_.data() + pos_, size);
-    pos_ += size;
+    ASSIGN_OR_RETURN(const size_t n, in_.Read(out, size));
+    position_ += n;
     return absl::OkStatus();
   }
-  size_t remaining() const { return bytes_.size() - pos_; }
   // DATA_LOSS unless exactly `expected` bytes are left (checked before allocating for them).
   absl::Status Expect(uint64_t expected) const {
-    if (expected != remaining()) {
-      return absl::DataLossError(absl::StrCat(source_, ": header promises ", expected,
-                                              " more bytes, the file has ", remaining()));
+    if (expected != in_.remaining()) {
+      return absl::DataLossError(absl::StrCat(in_.name(), ": header promises ", expected,
+                                              " more bytes, the file has ", in_.remaining()));
     }
     return absl::OkStatus();
   }
   absl::Status AtEnd() const {
-    if (pos_ != bytes_.size()) {
+    if (in_.remaining() != 0) {
       return absl::DataLossError(
-          absl::StrCat(source_, ": ", bytes_.size() - pos_, " unexpected trailing bytes"));
+          absl::StrCat(in_.name(), ": ", in_.remaining(), " unexpected trailing bytes"));
     }
     return absl::OkStatus();
   }
 
  private:
-  absl::Span<const uint8_t> bytes_;
-  const std::string& source_;
-  size_t pos_ = 0;
+  ByteReader& in_;
+  uint64_t position_ = 0;
 };
 
 }  // namespace
@@ -82,13 +80,12 @@ std::string SerializeValues(absl::Span<const int32_t> values) {
   return out;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseValues(absl::Span<const uint8_t> bytes,
-                                                 const std::string& source) {
-  Reader reader(bytes, source);
+absl::StatusOr<std::vector<int32_t>> ReadValues(ByteReader& in) {
+  Reader reader(in);
   RETURN_IF_ERROR(reader.Magic(kValuesMagic));
   int64_t count = 0;
   RETURN_IF_ERROR(reader.Get(&count, 1));
-  if (count < 0) return absl::DataLossError(absl::StrCat(source, ": negative count"));
+  if (count < 0) return absl::DataLossError(absl::StrCat(in.name(), ": negative count"));
   RETURN_IF_ERROR(reader.Expect(static_cast<uint64_t>(count) * sizeof(int32_t)));
   std::vector<int32_t> values(static_cast<size_t>(count));
   RETURN_IF_ERROR(reader.Get(values.data(), values.size()));
@@ -96,20 +93,25 @@ absl::StatusOr<std::vector<int32_t>> ParseValues(absl::Span<const uint8_t> bytes
   return values;
 }
 
-std::string SerializeSubsetCodes(const SubsetCodes& codes) {
+std::string SubsetCodesHeader(int m, absl::Span<const int64_t> offsets) {
   std::string out(kCodesMagic, kMagicSize);
-  Put<int32_t>(out, codes.m);
+  Put<int32_t>(out, m);
   Put<int32_t>(out, 0);
-  Put<int64_t>(out, codes.num_sentences());
-  Put<int64_t>(out, codes.num_vectors());
-  Put(out, codes.offsets.data(), codes.offsets.size());
+  Put<int64_t>(out, static_cast<int64_t>(offsets.size()) - 1);
+  Put<int64_t>(out, offsets.back());
+  Put(out, offsets.data(), offsets.size());
+  return out;
+}
+
+std::string SerializeSubsetCodes(const SubsetCodes& codes) {
+  std::string out = SubsetCodesHeader(codes.m, codes.offsets);
   Put(out, codes.codes.data(), codes.codes.size());
   return out;
 }
 
-absl::StatusOr<SubsetCodes> ParseSubsetCodes(absl::Span<const uint8_t> bytes,
-                                             const std::string& source) {
-  Reader reader(bytes, source);
+absl::StatusOr<SubsetCodes> ReadSubsetCodes(ByteReader& in) {
+  const std::string& source = in.name();
+  Reader reader(in);
   SubsetCodes codes;
   int32_t reserved = 0;
   int64_t num_sentences = 0;

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/adc/subset_adc.h"
+#include "common/files.h"
 
 namespace knnserve {
 
@@ -22,15 +23,19 @@ std::string SerializeValues(absl::Span<const int32_t> values);
 // The bytes before the values of a values file of `count` values: a file written in chunks is
 // ValuesHeader(count) followed by the count int32s, byte for byte SerializeValues.
 std::string ValuesHeader(int64_t count);
-// `source` names the file in errors.
-absl::StatusOr<std::vector<int32_t>> ParseValues(absl::Span<const uint8_t> bytes,
-                                                 const std::string& source);
+// Reads a values file to its end; DATA_LOSS naming `in` when it is not one.
+absl::StatusOr<std::vector<int32_t>> ReadValues(ByteReader& in);
 
 // Serializes codes.m, codes.offsets and codes.codes (the global bases live in the manifest).
 std::string SerializeSubsetCodes(const SubsetCodes& codes);
-// Parses into a SubsetCodes with sentence_begin and token_begin left at 0.
-absl::StatusOr<SubsetCodes> ParseSubsetCodes(absl::Span<const uint8_t> bytes,
-                                             const std::string& source);
+// The bytes before the codes of a subset codes file with these offsets (REQUIRES: not empty): a
+// file written in chunks is this header followed by the offsets.back() x m code bytes, byte for
+// byte SerializeSubsetCodes.
+std::string SubsetCodesHeader(int m, absl::Span<const int64_t> offsets);
+// Reads a subset codes file to its end into a SubsetCodes with sentence_begin and token_begin
+// left at 0; DATA_LOSS naming `in` when it is not one. Nothing is allocated for the codes
+// before the header is checked against the bytes left.
+absl::StatusOr<SubsetCodes> ReadSubsetCodes(ByteReader& in);
 
 }  // namespace knnserve
 

@@ -212,9 +212,10 @@ std::unique_ptr<FaissIndex> Serving(const std::string& factory, AdcKernel kernel
     EXPECT_THAT(read, IsOk());
     (*bytes)[factory] = *read;
   }
-  auto index = FaissIndex::Deserialize((*bytes)[factory], 1);
+  const std::vector<uint8_t>& file = (*bytes)[factory];
+  SpanReader in(file.data(), file.size(), factory);
+  auto index = FaissIndex::LoadForServing(in, 1, kernel);
   EXPECT_THAT(index, IsOk());
-  EXPECT_THAT((*index)->PrepareForServing(kernel), IsOk());
   return *std::move(index);
 }
 
@@ -313,6 +314,32 @@ TEST(IvfAdc, ServingFormAnswersAsFaissUpToRounding) {
   }
 }
 
+// LoadForServing skips the table faiss computes while reading an IVF-PQ index, and computes it
+// when faiss's own scan will search: the same answers, to the bit, as an index read whole.
+TEST(FaissIndex, LoadedForServingSearchesAsAnIndexReadWhole) {
+  const Matrix<float> q = MakeQueries(Data().keys, 100, 34);
+  for (const char* factory : {"IVF32,PQ8", "OPQ4_16,IVF16,PQ4"}) {
+    SCOPED_TRACE(factory);
+    auto built = FaissIndex::Create(factory, kDim, Metric::kL2, 1);
+    ASSERT_THAT(built, IsOk());
+    ASSERT_THAT((*built)->Train({Data().keys.data(), 2600, kDim}), IsOk());
+    ASSERT_THAT((*built)->Add(Data().keys.view()), IsOk());
+    const std::string path = (FreshTempDir("load") / "index.faiss").string();
+    ASSERT_OK_AND_ASSIGN(const FileDigest digest, (*built)->Save(path));
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+    SpanReader whole(bytes.data(), bytes.size(), path);
+    ASSERT_OK_AND_ASSIGN(auto read, FaissIndex::Read(whole, 1));
+    ASSERT_THAT(read->PrepareForServing(AdcKernel::kScalar), IsOk());
+    ASSERT_OK_AND_ASSIGN(auto file, VerifiedFileReader::Open(path, digest));
+    ASSERT_OK_AND_ASSIGN(auto loaded, FaissIndex::LoadForServing(*file, 1, AdcKernel::kScalar));
+    EXPECT_FALSE(loaded->uses_ivf_adc());
+    ASSERT_OK_AND_ASSIGN(Neighbors want, read->Search(q.view(), {10, 4, 0}));
+    ASSERT_OK_AND_ASSIGN(Neighbors got, loaded->Search(q.view(), {10, 4, 0}));
+    EXPECT_EQ(got.ids, want.ids);
+    EXPECT_EQ(got.distances, want.distances);
+  }
+}
+
 // Identical codes give identical ADC distances: with every vector stored 3 times the ties must
 // fall to the smaller id, as faiss's (normalised) answers do.
 TEST(IvfAdc, TiesFallToTheSmallerIdAsInFaiss) {
@@ -327,10 +354,12 @@ TEST(IvfAdc, TiesFallToTheSmallerIdAsInFaiss) {
   const std::string path = (FreshTempDir("ties") / "index.faiss").string();
   ASSERT_THAT((*built)->Save(path), IsOk());
   ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadFileBytes(path));
-  ASSERT_OK_AND_ASSIGN(auto faiss_scan, FaissIndex::Deserialize(bytes, 1));
-  ASSERT_OK_AND_ASSIGN(auto ivf_adc, FaissIndex::Deserialize(bytes, 1));
-  ASSERT_THAT(faiss_scan->PrepareForServing(AdcKernel::kScalar), IsOk());
-  ASSERT_THAT(ivf_adc->PrepareForServing(AdcKernel::kQuantizedScalar), IsOk());
+  SpanReader for_faiss(bytes.data(), bytes.size(), path);
+  SpanReader for_ivf_adc(bytes.data(), bytes.size(), path);
+  ASSERT_OK_AND_ASSIGN(auto faiss_scan,
+                       FaissIndex::LoadForServing(for_faiss, 1, AdcKernel::kScalar));
+  ASSERT_OK_AND_ASSIGN(auto ivf_adc,
+                       FaissIndex::LoadForServing(for_ivf_adc, 1, AdcKernel::kQuantizedScalar));
   const Matrix<float> q = MakeQueries(Data().keys, 50, 32);
   ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_scan->Search(q.view(), {12, 4, 0}));
   ASSERT_OK_AND_ASSIGN(Neighbors got, ivf_adc->Search(q.view(), {12, 4, 0}));

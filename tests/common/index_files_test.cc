@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "common/datastore/hdf5_datastore.h"
 #include "common/files.h"
@@ -43,7 +44,7 @@ TEST(Files, AtomicWriteLeavesOnlyTheFinalFile) {
     ++files;
   }
   EXPECT_EQ(files, 1);
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadVerifiedFile(dir + "/a.bin", d));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes, ReadFileBytes(dir + "/a.bin"));
   EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "hello");
 }
 
@@ -126,13 +127,50 @@ TEST(Files, ADirectoryLockRemovesTheDebrisOfKilledWriters) {
   }
 }
 
-TEST(Files, VerifiedReadRefusesMismatchNamingTheFile) {
+TEST(Files, VerifiedReaderRefusesAMismatchNamingTheFile) {
   const std::string dir = FreshTempDir("verify").string();
   ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/c.bin", "content"));
-  EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes + 1, d.sha256}),
+  EXPECT_THAT(VerifiedFileReader::Open(dir + "/c.bin", {d.bytes + 1, d.sha256}),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has 7 bytes")));
-  EXPECT_THAT(ReadVerifiedFile(dir + "/c.bin", {d.bytes, Sha256Hex("other")}),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has sha256")));
+  EXPECT_THAT(VerifiedFileReader::Open(dir + "/c.bin", {d.bytes, Sha256Hex("other")}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("c.bin has 7 bytes, sha256 ")));
+  EXPECT_THAT(VerifiedFileReader::Open(dir + "/missing.bin", d),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.bin")));
+}
+
+// Reads of every size, through and around its buffer, give the file back byte for byte.
+TEST(Files, VerifiedReaderReadsTheFileInAnyPieces) {
+  const std::string dir = FreshTempDir("pieces").string();
+  std::string content(3 * (1 << 20) + 12345, '\0');
+  std::mt19937 rng(7);
+  for (char& c : content) c = static_cast<char>(rng());
+  ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/p.bin", content));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VerifiedFileReader> in,
+                       VerifiedFileReader::Open(dir + "/p.bin", d));
+  std::string back;
+  for (const size_t piece : {size_t{1}, size_t{7}, size_t{1} << 20, size_t{3}, size_t{2} << 20,
+                             size_t{100000}, size_t{1} << 22}) {
+    std::string part(piece, '\0');
+    ASSERT_OK_AND_ASSIGN(const size_t n, in->Read(part.data(), part.size()));
+    back.append(part, 0, n);
+    EXPECT_EQ(in->remaining(), content.size() - back.size());
+  }
+  EXPECT_EQ(back, content);
+  char more;
+  ASSERT_OK_AND_ASSIGN(const size_t past_the_end, in->Read(&more, 1));
+  EXPECT_EQ(past_the_end, 0u);
+}
+
+// Files are replaced by renaming a new one over them: a reader keeps reading what it checked.
+TEST(Files, VerifiedReaderReadsTheFileItCheckedWhenAnotherReplacesIt) {
+  const std::string dir = FreshTempDir("replaced").string();
+  ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/r.bin", "checked"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VerifiedFileReader> in,
+                       VerifiedFileReader::Open(dir + "/r.bin", d));
+  ASSERT_OK(WriteFileAtomically(dir + "/r.bin", "replacement").status());
+  std::string back(16, '\0');
+  ASSERT_OK_AND_ASSIGN(const size_t n, in->Read(back.data(), back.size()));
+  EXPECT_EQ(back.substr(0, n), "checked");
 }
 
 // A manifest field of the wrong type or missing is named with its path.
@@ -166,23 +204,31 @@ TEST(IndexManifest, BadFieldsAreNamedWithTheirPath) {
 TEST(ShardData, RoundTripsAndRefusesBadHeaders) {
   const std::vector<int32_t> values = {5, -1, 7};
   const std::string v = SerializeValues(values);
-  auto bytes = [](const std::string& s) {
-    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  const auto read_values = [](const std::string& s, const std::string& name) {
+    SpanReader in(s.data(), s.size(), name);
+    return ReadValues(in);
   };
-  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> back, ParseValues(bytes(v), "v"));
+  const auto read_codes = [](const std::string& s, const std::string& name) {
+    SpanReader in(s.data(), s.size(), name);
+    return ReadSubsetCodes(in);
+  };
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> back, read_values(v, "v"));
   EXPECT_EQ(back, values);
-  EXPECT_THAT(ParseValues(bytes(v.substr(0, v.size() - 1)), "x.values"),
+  EXPECT_THAT(read_values(v.substr(0, v.size() - 1), "x.values"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("x.values")));
 
   SubsetCodes codes{2, 0, 0, {0, 1, 3}, {1, 2, 3, 4, 5, 6}};
   std::string c = SerializeSubsetCodes(codes);
-  ASSERT_OK_AND_ASSIGN(SubsetCodes parsed, ParseSubsetCodes(bytes(c), "c"));
+  ASSERT_OK_AND_ASSIGN(SubsetCodes parsed, read_codes(c, "c"));
+  EXPECT_EQ(SubsetCodesHeader(codes.m, codes.offsets) +
+                std::string(codes.codes.begin(), codes.codes.end()),
+            c);
   EXPECT_EQ(parsed.offsets, codes.offsets);
   EXPECT_EQ(parsed.codes, codes.codes);
   c[16] = '\x7f';  // num_sentences' low byte: the header no longer matches the payload
-  EXPECT_THAT(ParseSubsetCodes(bytes(c), "y.subset"),
+  EXPECT_THAT(read_codes(c, "y.subset"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("y.subset")));
-  EXPECT_THAT(ParseValues(bytes(c), "z"),
+  EXPECT_THAT(read_values(c, "z"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a KNSVALS1")));
 }
 
