@@ -305,7 +305,7 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
 
 absl::StatusOr<size_t> SpanReader::Read(void* data, size_t size) {
   const size_t n = std::min<size_t>(size, remaining());
-  std::memcpy(data, data_ + position_, n);
+  if (n > 0) std::memcpy(data, data_ + position_, n);  // data_ may be null for no bytes
   position_ += n;
   return n;
 }

@@ -150,9 +150,9 @@ void NormaliseRows(Metric metric, Neighbors& out) {
 void TakeList(faiss::InvertedLists& from, size_t l, std::vector<uint8_t>& codes,
               std::vector<uint32_t>& ids) {
   if (auto* array = dynamic_cast<faiss::ArrayInvertedLists*>(&from)) {
-    codes = std::exchange(array->codes[l], {});
+    codes = std::exchange(array->codes[l], std::vector<uint8_t>());
     ids.assign(array->ids[l].begin(), array->ids[l].end());
-    array->ids[l] = {};
+    std::vector<idx_t>().swap(array->ids[l]);  // `= {}` would keep the capacity
     return;
   }
   const size_t n = from.list_size(l);
@@ -467,7 +467,9 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::LoadForServing(ByteReade
   // GB): IvfAdc never reads it, and PrepareForServing computes it when faiss scans the lists.
   ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
                    ReadIndex(in, threads, faiss::IO_FLAG_SKIP_PRECOMPUTE_TABLE));
-  RETURN_IF_ERROR(index->PrepareForServing(kernel));
+  if (absl::Status s = index->PrepareForServing(kernel); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(in.name(), ": ", s.message()));
+  }
   return index;
 }
 
@@ -608,8 +610,9 @@ absl::Status FaissIndex::PrepareForServing(AdcKernel kernel) {
     if (flat->ntotal == 0 || !flat_norms_.empty()) return absl::OkStatus();
     return Guard("flat norms", threads_, [&] { flat_norms_ = StoredNorms(*flat); });
   }
+  if (ivf_adc_ != nullptr) return absl::OkStatus();  // prepared already
   faiss::IndexIVFPQ* ivfpq = IvfAdcCandidate(index_.get());
-  if (ivf_adc_ != nullptr || ivfpq == nullptr || !IsQuantized(kernel)) {
+  if (ivfpq == nullptr || !IsQuantized(kernel)) {
     RETURN_IF_ERROR(PrecomputeIvfPqTable());
     return CompactIds();
   }

@@ -72,7 +72,9 @@ class FaissIndex : public SearchIndex {
   // codes is moreover searched by IvfAdc (common/adc/ivf_adc.h): the coarse assignment (and any
   // PCA/OPQ transform) stays faiss's, the list scan is the quantized two-stage scan over lists
   // packed here, and faiss's copy of the lists is released; its answers equal faiss's up to
-  // float rounding (and Save then fails). Afterwards Add fails.
+  // float rounding (and Save then fails). Afterwards Add fails. The lists are moved, not copied:
+  // after an error the index may have lost them and must be discarded. A second call does
+  // nothing.
   absl::Status PrepareForServing(AdcKernel kernel);
   // Embedded mode: takes over the IvfAdc lists of `others` (shards of the same index
   // directory, each in serving form with IvfAdc: the same trained transform, coarse centroids

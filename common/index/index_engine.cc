@@ -223,7 +223,6 @@ absl::StatusOr<std::unique_ptr<SearchEngine>> MakeShardEngine(
 // table per query and list serve all shards, and the answers equal merging the shards' answers
 // (same tables, same distances).
 absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
-  ShardParts merged = std::move(shards[0]);
   // The merged values and codes are reserved whole, and each shard's freed once appended: grown
   // by appending alone, they would be copied at every doubling, up to twice their size at once.
   size_t total_values = 0;
@@ -232,6 +231,7 @@ absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
     total_values += shard.values.size();
     if (shard.codes) total_codes += shard.codes->codes.size();
   }
+  ShardParts merged = std::move(shards[0]);
   merged.values.reserve(total_values);
   if (merged.codes) merged.codes->codes.reserve(total_codes);
   std::vector<std::unique_ptr<FaissIndex>> others;
@@ -240,7 +240,7 @@ absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
     ShardParts& shard = shards[i];
     merged.info.has_values = merged.info.has_values && shard.info.has_values;
     merged.values.insert(merged.values.end(), shard.values.begin(), shard.values.end());
-    shard.values = {};
+    std::vector<int32_t>().swap(shard.values);  // `= {}` would keep the capacity
     if (merged.codes && shard.codes) {
       SubsetCodes& codes = *merged.codes;
       const int64_t base = codes.num_vectors();

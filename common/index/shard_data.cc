@@ -28,12 +28,12 @@ class Reader {
   explicit Reader(ByteReader& in) : in_(in) {}
 
   absl::Status Magic(const char* magic) {
+    const absl::Status not_magic =
+        absl::DataLossError(absl::StrCat(in_.name(), ": not a ", magic, " file"));
+    if (in_.remaining() < kMagicSize) return not_magic;
     char read[kMagicSize];
-    if (in_.remaining() < kMagicSize || !Get(read, kMagicSize).ok() ||
-        std::memcmp(read, magic, kMagicSize) != 0) {
-      return absl::DataLossError(absl::StrCat(in_.name(), ": not a ", magic, " file"));
-    }
-    return absl::OkStatus();
+    RETURN_IF_ERROR(Get(read, kMagicSize));  // a read error is reported as itself
+    return std::memcmp(read, magic, kMagicSize) == 0 ? absl::OkStatus() : not_magic;
   }
   template <typename T>
   absl::Status Get(T* out, size_t count) {
