@@ -121,7 +121,8 @@ absl::StatusOr<SubsetCodes> ReadSubsetCodes(ByteReader& in) {
   RETURN_IF_ERROR(reader.Get(&reserved, 1));
   RETURN_IF_ERROR(reader.Get(&num_sentences, 1));
   RETURN_IF_ERROR(reader.Get(&num_vectors, 1));
-  if (codes.m <= 0 || num_sentences < 0 || num_vectors < 0) {
+  // m bounded as the scans bound it, so that the size check below cannot overflow.
+  if (codes.m <= 0 || codes.m > kMaxAdcM || num_sentences < 0 || num_vectors < 0) {
     return absl::DataLossError(absl::StrCat(source, ": bad header (m ", codes.m, ", sentences ",
                                             num_sentences, ", vectors ", num_vectors, ")"));
   }

@@ -225,6 +225,10 @@ TEST(ShardData, RoundTripsAndRefusesBadHeaders) {
             c);
   EXPECT_EQ(parsed.offsets, codes.offsets);
   EXPECT_EQ(parsed.codes, codes.codes);
+  std::string huge_m = c;
+  huge_m[11] = '\x7f';  // m = 0x7f000002: with 2^40 vectors its size check would overflow
+  EXPECT_THAT(read_codes(huge_m, "m.subset"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("m.subset: bad header (m ")));
   c[16] = '\x7f';  // num_sentences' low byte: the header no longer matches the payload
   EXPECT_THAT(read_codes(c, "y.subset"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("y.subset")));
