@@ -253,6 +253,19 @@ absl::StatusOr<FileDigest> DigestRest(int fd, const std::string& path) {
   return digest;
 }
 
+// Reads up to `size` bytes of `fd` into `data` (fewer only at the end of the file).
+absl::StatusOr<size_t> ReadUpTo(int fd, void* data, size_t size, const std::string& path) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, static_cast<char*>(data) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("cannot read", path);
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
 absl::Status CheckDigest(const std::string& path, const FileDigest& actual,
                          const FileDigest& expected) {
   if (actual.bytes != expected.bytes || actual.sha256 != expected.sha256) {
@@ -288,18 +301,12 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
     return ErrnoError("cannot stat", path);
   }
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      return n < 0 ? ErrnoError("cannot read", path)
-                   : absl::DataLossError(absl::StrCat("file shrank while reading: ", path));
-    }
-    done += static_cast<size_t>(n);
-  }
+  const absl::StatusOr<size_t> done = ReadUpTo(fd, bytes.data(), bytes.size(), path);
   ::close(fd);
+  if (!done.ok()) return done.status();
+  if (*done < bytes.size()) {
+    return absl::DataLossError(absl::StrCat("file shrank while reading: ", path));
+  }
   return bytes;
 }
 
@@ -328,18 +335,6 @@ VerifiedFileReader::VerifiedFileReader(std::string path, int fd, uint64_t size)
 
 VerifiedFileReader::~VerifiedFileReader() { ::close(fd_); }
 
-absl::StatusOr<size_t> VerifiedFileReader::ReadFd(void* data, size_t size) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd_, static_cast<char*>(data) + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError("cannot read", path_);
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return done;
-}
-
 absl::StatusOr<size_t> VerifiedFileReader::Read(void* data, size_t size) {
   const size_t wanted = std::min<uint64_t>(size, remaining_);
   auto* out = static_cast<uint8_t*>(data);
@@ -348,11 +343,11 @@ absl::StatusOr<size_t> VerifiedFileReader::Read(void* data, size_t size) {
     if (buffer_begin_ == buffer_end_) {
       // Large reads (a list's codes, a whole array) go straight to their destination.
       if (wanted - done >= buffer_.size()) {
-        ASSIGN_OR_RETURN(const size_t n, ReadFd(out + done, wanted - done));
+        ASSIGN_OR_RETURN(const size_t n, ReadUpTo(fd_, out + done, wanted - done, path_));
         done += n;
         break;
       }
-      ASSIGN_OR_RETURN(buffer_end_, ReadFd(buffer_.data(), buffer_.size()));
+      ASSIGN_OR_RETURN(buffer_end_, ReadUpTo(fd_, buffer_.data(), buffer_.size(), path_));
       buffer_begin_ = 0;
       if (buffer_end_ == 0) break;
     }

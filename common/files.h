@@ -170,8 +170,6 @@ class VerifiedFileReader : public ByteReader {
 
  private:
   VerifiedFileReader(std::string path, int fd, uint64_t size);
-  // Reads up to `size` bytes from the descriptor (fewer only at its end).
-  absl::StatusOr<size_t> ReadFd(void* data, size_t size);
 
   const std::string path_;
   const int fd_;

@@ -411,8 +411,9 @@ IvfPqLists TakeIvfPqLists(faiss::IndexIVFPQ& ivfpq) {
   ivfpq.quantizer->reconstruct_n(0, ivfpq.nlist, lists.coarse_centroids.data());
   lists.codes.resize(ivfpq.nlist);
   lists.ids.resize(ivfpq.nlist);
-  for (size_t l = 0; l < ivfpq.nlist; ++l)
+  for (size_t l = 0; l < ivfpq.nlist; ++l) {
     TakeList(*ivfpq.invlists, l, lists.codes[l], lists.ids[l]);
+  }
   return lists;
 }
 
