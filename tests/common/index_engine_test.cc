@@ -273,27 +273,54 @@ TEST(FaissIndex, FlatServingFormAnswersSmallSearchesAsFaissUpToRounding) {
   }
 }
 
+// `vectors` vectors of which every 16th is a copy of `query`: the vectors nearest to it.
+Matrix<float> CopiesOfQueryEvery16th(const Matrix<float>& query, int64_t vectors) {
+  Matrix<float> keys(vectors, kDim);
+  for (int64_t i = 0; i < vectors; ++i) {
+    const float* from = i % 16 == 0 ? query.row(0) : Data().keys.row(i % kRows);
+    std::copy(from, from + kDim, keys.row(i));
+  }
+  return keys;
+}
+
+std::unique_ptr<FaissIndex> FlatServing(const Matrix<float>& keys) {
+  auto serving = FaissIndex::Create("Flat", kDim, Metric::kL2, 1);
+  EXPECT_THAT(serving, IsOk());
+  EXPECT_THAT((*serving)->Add(keys.view()), IsOk());
+  EXPECT_THAT((*serving)->PrepareForServing(AdcKernel::kScalar), IsOk());
+  return *std::move(serving);
+}
+
 // The serving form's selection takes a threshold from every 16th distance. Where those are
 // all copies of the query, fewer than k vectors fall under it, and the selection must take the
 // k nearest among all vectors instead.
 TEST(FaissIndex, FlatServingFormIsExactWhereTheSampledThresholdKeepsTooFew) {
-  constexpr int64_t kVectors = 16384;
   const Matrix<float> q = MakeQueries(Data().keys, 1, 5);
-  Matrix<float> keys(kVectors, kDim);
-  for (int64_t i = 0; i < kVectors; ++i) {
-    const float* from = i % 16 == 0 ? q.row(0) : Data().keys.row(i % kRows);
-    std::copy(from, from + kDim, keys.row(i));
-  }
+  const Matrix<float> keys = CopiesOfQueryEvery16th(q, 16384);
   ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
   ASSERT_THAT(faiss_flat->Add(keys.view()), IsOk());
-  ASSERT_OK_AND_ASSIGN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
-  ASSERT_THAT(serving->Add(keys.view()), IsOk());
-  ASSERT_THAT(serving->PrepareForServing(AdcKernel::kScalar), IsOk());
+  const std::unique_ptr<FaissIndex> serving = FlatServing(keys);
   ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {2000, 0, 0}));
   ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {2000, 0, 0}));
   ExpectSameNeighborsUpToNearTies(want, got);
   for (int j = 0; j < 1024; ++j) EXPECT_EQ(got.ids[j] % 16, 0) << "rank " << j;
   EXPECT_NE(got.ids[1500] % 16, 0);  // past the 1024 copies: the nearest other vectors
+}
+
+// Equal distances rank by id, whichever selection runs: the one-pass heap for a few nearest (an
+// IVF coarse search's nprobe), the sampled threshold for many. The query is the origin, so its
+// copies lie at distance 0 exactly, whatever the products' rounding.
+TEST(FaissIndex, FlatServingFormRanksEqualDistancesById) {
+  const Matrix<float> q(1, kDim);  // zeros
+  const std::unique_ptr<FaissIndex> serving = FlatServing(CopiesOfQueryEvery16th(q, 4096));
+  for (const int k : {1, 8, 64, 65, 200}) {
+    SCOPED_TRACE(absl::StrCat("k ", k));
+    ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {k, 0, 0}));
+    for (int j = 0; j < k; ++j) {
+      ASSERT_EQ(got.ids[j], 16 * j) << "rank " << j;
+      ASSERT_EQ(got.distances[j], 0.0f) << "rank " << j;
+    }
+  }
 }
 
 TEST(IvfAdc, ServingFormAnswersAsFaissUpToRounding) {
