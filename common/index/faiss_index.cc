@@ -343,6 +343,7 @@ void SelectNearest(const float* distances, int64_t ntotal, int64_t kept, std::ve
     return RanksBefore(Metric::kL2, a.first, a.second, b.first, b.second);
   };
   out.clear();
+  if (kept <= 0) return;  // an index whose default nprobe is 0
   if (kept <= kMostHeapSelected) {
     for (int64_t j = 0; j < ntotal; ++j) {
       if (static_cast<int64_t>(out.size()) < kept) {

@@ -15,6 +15,7 @@
 #include "common/index/builder.h"
 #include "common/index/faiss_index.h"
 #include "common/index/subset_device.h"
+#include "common/status_macros.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -283,12 +284,11 @@ Matrix<float> CopiesOfQueryEvery16th(const Matrix<float>& query, int64_t vectors
   return keys;
 }
 
-std::unique_ptr<FaissIndex> FlatServing(const Matrix<float>& keys) {
-  auto serving = FaissIndex::Create("Flat", kDim, Metric::kL2, 1);
-  EXPECT_THAT(serving, IsOk());
-  EXPECT_THAT((*serving)->Add(keys.view()), IsOk());
-  EXPECT_THAT((*serving)->PrepareForServing(AdcKernel::kScalar), IsOk());
-  return *std::move(serving);
+absl::StatusOr<std::unique_ptr<FaissIndex>> FlatServing(const Matrix<float>& keys) {
+  ASSIGN_OR_RETURN(auto serving, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
+  RETURN_IF_ERROR(serving->Add(keys.view()));
+  RETURN_IF_ERROR(serving->PrepareForServing(AdcKernel::kScalar));
+  return serving;
 }
 
 // The serving form's selection takes a threshold from every 16th distance. Where those are
@@ -299,7 +299,7 @@ TEST(FaissIndex, FlatServingFormIsExactWhereTheSampledThresholdKeepsTooFew) {
   const Matrix<float> keys = CopiesOfQueryEvery16th(q, 16384);
   ASSERT_OK_AND_ASSIGN(auto faiss_flat, FaissIndex::Create("Flat", kDim, Metric::kL2, 1));
   ASSERT_THAT(faiss_flat->Add(keys.view()), IsOk());
-  const std::unique_ptr<FaissIndex> serving = FlatServing(keys);
+  ASSERT_OK_AND_ASSIGN(const std::unique_ptr<FaissIndex> serving, FlatServing(keys));
   ASSERT_OK_AND_ASSIGN(Neighbors want, faiss_flat->Search(q.view(), {2000, 0, 0}));
   ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {2000, 0, 0}));
   ExpectSameNeighborsUpToNearTies(want, got);
@@ -312,7 +312,8 @@ TEST(FaissIndex, FlatServingFormIsExactWhereTheSampledThresholdKeepsTooFew) {
 // copies lie at distance 0 exactly, whatever the products' rounding.
 TEST(FaissIndex, FlatServingFormRanksEqualDistancesById) {
   const Matrix<float> q(1, kDim);  // zeros
-  const std::unique_ptr<FaissIndex> serving = FlatServing(CopiesOfQueryEvery16th(q, 4096));
+  ASSERT_OK_AND_ASSIGN(const std::unique_ptr<FaissIndex> serving,
+                       FlatServing(CopiesOfQueryEvery16th(q, 4096)));
   for (const int k : {1, 8, 64, 65, 200}) {
     SCOPED_TRACE(absl::StrCat("k ", k));
     ASSERT_OK_AND_ASSIGN(Neighbors got, serving->Search(q.view(), {k, 0, 0}));
