@@ -2,7 +2,15 @@
 #ifndef KNNSERVE_COMMON_HEAP_H_
 #define KNNSERVE_COMMON_HEAP_H_
 
+#include <vector>
+
 namespace knnserve {
+
+// Frees `v`'s buffer now (`v = {}` or clear() would keep its capacity allocated).
+template <typename T>
+void FreeVector(std::vector<T>& v) {
+  std::vector<T>().swap(v);
+}
 
 // Returns the free memory of malloc's heaps to the system (glibc's malloc_trim). glibc gives back
 // only the top of a heap, so memory freed below stays resident: loading a shard frees faiss's

@@ -149,8 +149,8 @@ absl::StatusOr<std::unique_ptr<IvfAdc>> IvfAdc::Create(IvfPqLists lists, Options
     // Keeps the peak near one copy of the codes: the packed lines are mapped apart, so the lists
     // freed on the heap must be returned to the system as the packed ones grow.
     freed_bytes += lists.codes[l].capacity() + lists.ids[l].capacity() * sizeof(uint32_t);
-    std::vector<uint8_t>().swap(lists.codes[l]);  // `= {}` would keep the capacity
-    std::vector<uint32_t>().swap(lists.ids[l]);
+    FreeVector(lists.codes[l]);
+    FreeVector(lists.ids[l]);
     if (freed_bytes >= kTrimBytes) {
       ReturnFreedHeapMemory();
       freed_bytes = 0;

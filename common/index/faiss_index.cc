@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/adc/ivf_adc.h"
 #include "common/check.h"
+#include "common/heap.h"
 #include "common/omp_threads.h"
 #include "common/status_macros.h"
 #include "faiss/IndexFlat.h"
@@ -152,7 +153,7 @@ void TakeList(faiss::InvertedLists& from, size_t l, std::vector<uint8_t>& codes,
   if (auto* array = dynamic_cast<faiss::ArrayInvertedLists*>(&from)) {
     codes = std::exchange(array->codes[l], std::vector<uint8_t>());
     ids.assign(array->ids[l].begin(), array->ids[l].end());
-    std::vector<idx_t>().swap(array->ids[l]);  // `= {}` would keep the capacity
+    FreeVector(array->ids[l]);
     return;
   }
   const size_t n = from.list_size(l);
@@ -326,7 +327,7 @@ using Scored = std::pair<float, int64_t>;  // squared distance, id
 constexpr int64_t kMostHeapSelected = 64;
 
 // The `kept` nearest of `distances` (ntotal of them, by distance, ties by id) into the first
-// kept entries of `out`, nearest first.
+// kept entries of `out`, nearest first. REQUIRES: kept <= ntotal.
 //
 // Few kept: one pass keeps the nearest so far in a max-heap. The ids arrive in increasing order,
 // so a distance equal to the farthest kept ranks after it and only a strictly smaller one enters;
@@ -345,11 +346,10 @@ void SelectNearest(const float* distances, int64_t ntotal, int64_t kept, std::ve
   out.clear();
   if (kept <= 0) return;  // an index whose default nprobe is 0
   if (kept <= kMostHeapSelected) {
-    for (int64_t j = 0; j < ntotal; ++j) {
-      if (static_cast<int64_t>(out.size()) < kept) {
-        out.emplace_back(distances[j], j);
-        std::push_heap(out.begin(), out.end(), nearer);
-      } else if (distances[j] < out.front().first) {
+    for (int64_t j = 0; j < kept; ++j) out.emplace_back(distances[j], j);
+    std::make_heap(out.begin(), out.end(), nearer);
+    for (int64_t j = kept; j < ntotal; ++j) {
+      if (distances[j] < out.front().first) {
         std::pop_heap(out.begin(), out.end(), nearer);
         out.back() = {distances[j], j};
         std::push_heap(out.begin(), out.end(), nearer);

@@ -240,7 +240,7 @@ absl::StatusOr<ShardParts> MergeShardParts(std::vector<ShardParts> shards) {
     ShardParts& shard = shards[i];
     merged.info.has_values = merged.info.has_values && shard.info.has_values;
     merged.values.insert(merged.values.end(), shard.values.begin(), shard.values.end());
-    std::vector<int32_t>().swap(shard.values);  // `= {}` would keep the capacity
+    FreeVector(shard.values);
     if (merged.codes && shard.codes) {
       SubsetCodes& codes = *merged.codes;
       const int64_t base = codes.num_vectors();
