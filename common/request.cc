@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -186,13 +185,6 @@ bool IsUnknownSubsetSession(const absl::Status& status) {
          absl::StartsWith(status.message(), kUnknownSubsetSession);
 }
 
-std::string NewSubsetSession() {
-  thread_local absl::BitGen bits;  // seeded from the OS's entropy
-  std::string token(16, '\0');
-  for (char& c : token) c = static_cast<char>(absl::Uniform<uint8_t>(bits));
-  return token;
-}
-
 absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
                                                const IndexShape& shape, const RequestLimits& limits,
                                                const SubsetSource& subsets, QueryForm form) {
@@ -226,7 +218,9 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
     query.declares_groups = true;
   } else if (!query.subset_session.empty()) {
     if (subsets.sessions != nullptr) {
-      query.subset_groups = subsets.sessions->Get(query.subset_session);
+      SubsetSessions::Kept kept = subsets.sessions->Get(query.subset_session);
+      query.subset_groups = std::move(kept.groups);
+      query.subset_session = std::move(kept.forward_token);
     }
     if (query.subset_groups == nullptr) {
       return absl::FailedPreconditionError(
@@ -248,7 +242,7 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   query.request_id = request.request_id();
   if (subsets.sessions != nullptr && request.subset_groups_size() > 0 &&
       !query.subset_session.empty()) {
-    subsets.sessions->Put(query.subset_session, query.subset_groups);
+    query.subset_session = subsets.sessions->Put(query.subset_session, query.subset_groups);
   }
   return query;
 }

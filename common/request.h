@@ -61,12 +61,14 @@ struct SearchQuery {
   std::vector<int32_t> row_group;
   bool allow_partial = false;
   std::string request_id;
-  // The token naming subset_groups across requests (SearchRequest.subset_session): the
-  // request's own, or the one its stream chose at setup. Empty when none.
+  // The token a router names subset_groups with to its shards: the one SubsetSessions minted
+  // when it kept them under the request's SearchRequest.subset_session, the one the request's
+  // stream chose at setup, or, without a SubsetSource::sessions, the request's own. Empty when
+  // none.
   std::string subset_session;
   // Whether subset_groups came with the request itself (else they were kept under the token or
-  // declared by the stream): a router then passes them on with the token, since a shard may
-  // hold other groups under it.
+  // declared by the stream): a router then passes them on with the token, as no shard knows a
+  // token just minted.
   bool declares_groups = false;
   // The element type the queries arrived in. A router forwards them in it: packed as they came,
   // or, decoded, re-encoded (fp16 decoded to fp32 encodes back to the same fp16 values).
@@ -101,8 +103,6 @@ inline constexpr absl::string_view kShardOverloaded = "shard overloaded";
 
 // The longest subset_session token accepted.
 inline constexpr size_t kMaxSubsetSessionBytes = 64;
-// A new random token for a subset session (16 bytes: no two sessions of any router collide).
-std::string NewSubsetSession();
 
 // Validates and decodes `request` (its queries to fp32, or copied packed: see QueryForm). A
 // request without subset groups of its own searches those kept under its subset_session token,

@@ -2,7 +2,16 @@
 
 #include <utility>
 
+#include "absl/random/random.h"
+
 namespace knnserve {
+
+std::string NewSubsetSession() {
+  thread_local absl::BitGen bits;  // seeded from the OS's entropy
+  std::string token(16, '\0');
+  for (char& c : token) c = static_cast<char>(absl::Uniform<uint8_t>(bits));
+  return token;
+}
 
 int64_t SubsetSessions::Charge(const SubsetGroups& groups) {
   int64_t charge = kSessionOverhead;
@@ -12,31 +21,34 @@ int64_t SubsetSessions::Charge(const SubsetGroups& groups) {
   return charge;
 }
 
-void SubsetSessions::Put(absl::string_view token, std::shared_ptr<const SubsetGroups> groups) {
+std::string SubsetSessions::Put(absl::string_view token,
+                                std::shared_ptr<const SubsetGroups> groups) {
   const int64_t charge = Charge(*groups);
+  std::string forward_token = NewSubsetSession();
   absl::MutexLock lock(&mu_);
   if (auto it = by_token_.find(token); it != by_token_.end()) {
     charged_ -= it->second->charge;
     lru_.erase(it->second);
     by_token_.erase(it);
   }
-  if (charge > max_sentences_) return;
+  if (charge > max_sentences_) return forward_token;
   while (charged_ + charge > max_sentences_) {
     charged_ -= lru_.back().charge;
     by_token_.erase(lru_.back().token);
     lru_.pop_back();
   }
-  lru_.push_front({std::string(token), std::move(groups), charge});
+  lru_.push_front({std::string(token), {std::move(groups), forward_token}, charge});
   by_token_.emplace(lru_.front().token, lru_.begin());
   charged_ += charge;
+  return forward_token;
 }
 
-std::shared_ptr<const SubsetGroups> SubsetSessions::Get(absl::string_view token) {
+SubsetSessions::Kept SubsetSessions::Get(absl::string_view token) {
   absl::MutexLock lock(&mu_);
   auto it = by_token_.find(token);
-  if (it == by_token_.end()) return nullptr;
+  if (it == by_token_.end()) return {};
   lru_.splice(lru_.begin(), lru_, it->second);
-  return it->second->groups;
+  return it->second->kept;
 }
 
 int64_t SubsetSessions::charged() const {

@@ -40,9 +40,10 @@ void AddSubsetGroups(const SubsetGroups& groups, v1::SearchRequest* request) {
 
 // The request every shard `query` needs gets, the queries in the dtype they came in: packed
 // queries are moved into it as they are (`*query` keeps none), decoded ones encoded. A subset
-// query that names a session (when `use_sessions`) goes without its groups, and with the
-// means to add them for a replica that does not know the session, unless the groups came with
-// the query: a shard may hold older groups under the same token, and must take the new ones.
+// query that names a session (when `use_sessions`) goes under the token minted for its groups
+// (SearchQuery::subset_session) without them, and with the means to add them for a replica that
+// does not know the token, unless the groups came with the query: no replica knows a token just
+// minted.
 ShardRequest MakeShardRequest(SearchQuery* query, bool use_sessions) {
   auto request = std::make_shared<v1::SearchRequest>();
   if (query->packed_queries.has_value()) {

@@ -240,8 +240,11 @@ TEST(ParseSearchRequest, KeepsGroupsUnderTheirSessionAndReusesThem) {
   declare.set_subset_session("token");
   ASSERT_OK_AND_ASSIGN(SearchQuery declared,
                        ParseSearchRequest(declare, kShape, kLimits, {nullptr, "", &sessions}));
-  EXPECT_EQ(declared.subset_session, "token");
-  EXPECT_EQ(sessions.Get("token"), declared.subset_groups);
+  const SubsetSessions::Kept kept = sessions.Get("token");
+  EXPECT_EQ(kept.groups, declared.subset_groups);
+  // Forwarded under the token minted for these groups, not under the client's.
+  EXPECT_EQ(declared.subset_session, kept.forward_token);
+  EXPECT_NE(declared.subset_session, "token");
 
   v1::SearchRequest step = ValidRequest(2);
   step.set_subset_session("token");
@@ -249,7 +252,7 @@ TEST(ParseSearchRequest, KeepsGroupsUnderTheirSessionAndReusesThem) {
   ASSERT_OK_AND_ASSIGN(SearchQuery reused,
                        ParseSearchRequest(step, kShape, kLimits, {nullptr, "", &sessions}));
   EXPECT_EQ(reused.subset_groups, declared.subset_groups);  // shared, not copied
-  EXPECT_EQ(reused.subset_session, "token");
+  EXPECT_EQ(reused.subset_session, declared.subset_session);
   EXPECT_EQ(reused.row_group, (std::vector<int32_t>{1, 0}));
 }
 
@@ -277,7 +280,7 @@ TEST(ParseSearchRequest, InvalidRequestDoesNotKeepItsGroups) {
   request.mutable_row_group()->Set(0, 7);
   EXPECT_THAT(ParseSearchRequest(request, kShape, kLimits, {nullptr, "", &sessions}),
               StatusIs(kInvalid, HasSubstr("row_group[0] = 7")));
-  EXPECT_EQ(sessions.Get("token"), nullptr);
+  EXPECT_EQ(sessions.Get("token").groups, nullptr);
 }
 
 TEST(ParseSearchRequest, RejectsAnOverlongSubsetSession) {
@@ -285,12 +288,6 @@ TEST(ParseSearchRequest, RejectsAnOverlongSubsetSession) {
   request.set_subset_session(std::string(kMaxSubsetSessionBytes + 1, 'x'));
   EXPECT_THAT(ParseSearchRequest(request, kShape, kLimits),
               StatusIs(kInvalid, HasSubstr("subset_session: 65 bytes; at most 64")));
-}
-
-TEST(NewSubsetSession, IsSixteenBytesAndFresh) {
-  const std::string a = NewSubsetSession();
-  EXPECT_EQ(a.size(), 16u);
-  EXPECT_NE(a, NewSubsetSession());
 }
 
 TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndTheLargestAnswerAndFitsGrpc) {

@@ -22,21 +22,32 @@ constexpr int64_t Charge(int sentences) {
   return SubsetSessions::kSessionOverhead + SubsetSessions::kGroupOverhead + sentences;
 }
 
+TEST(NewSubsetSession, IsSixteenBytesAndFresh) {
+  const std::string a = NewSubsetSession();
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_NE(a, NewSubsetSession());
+}
+
 TEST(SubsetSessions, GetReturnsWhatPutKeptAndNullForOtherTokens) {
   SubsetSessions sessions(100);
   const auto groups = Groups(3);
-  sessions.Put("a", groups);
-  EXPECT_EQ(sessions.Get("a"), groups);
-  EXPECT_EQ(sessions.Get("b"), nullptr);
+  const std::string forward_token = sessions.Put("a", groups);
+  EXPECT_EQ(sessions.Get("a").groups, groups);
+  EXPECT_EQ(sessions.Get("a").forward_token, forward_token);
+  EXPECT_EQ(sessions.Get("b").groups, nullptr);
   EXPECT_EQ(sessions.charged(), Charge(3));
 }
 
-TEST(SubsetSessions, PutReplacesTheGroupsOfAToken) {
+// A replacement gets a forwarding token of its own: a replica that kept the old groups under the
+// old token cannot take them for the new ones.
+TEST(SubsetSessions, PutReplacesTheGroupsOfATokenUnderANewForwardingToken) {
   SubsetSessions sessions(100);
-  sessions.Put("a", Groups(3));
+  const std::string old_token = sessions.Put("a", Groups(3));
   const auto replacement = Groups(5);
-  sessions.Put("a", replacement);
-  EXPECT_EQ(sessions.Get("a"), replacement);
+  const std::string new_token = sessions.Put("a", replacement);
+  EXPECT_NE(new_token, old_token);
+  EXPECT_EQ(sessions.Get("a").groups, replacement);
+  EXPECT_EQ(sessions.Get("a").forward_token, new_token);
   EXPECT_EQ(sessions.charged(), Charge(5));
 }
 
@@ -44,11 +55,11 @@ TEST(SubsetSessions, EvictsTheLeastRecentlyUsedUntilTheIdsFit) {
   SubsetSessions sessions(2 * Charge(4) + 2);
   sessions.Put("a", Groups(4));
   sessions.Put("b", Groups(4));
-  ASSERT_NE(sessions.Get("a"), nullptr);  // now b is the least recently used
+  ASSERT_NE(sessions.Get("a").groups, nullptr);  // now b is the least recently used
   sessions.Put("c", Groups(4));
-  EXPECT_NE(sessions.Get("a"), nullptr);
-  EXPECT_EQ(sessions.Get("b"), nullptr);
-  EXPECT_NE(sessions.Get("c"), nullptr);
+  EXPECT_NE(sessions.Get("a").groups, nullptr);
+  EXPECT_EQ(sessions.Get("b").groups, nullptr);
+  EXPECT_NE(sessions.Get("c").groups, nullptr);
   EXPECT_EQ(sessions.charged(), 2 * Charge(4));
 }
 
@@ -57,8 +68,8 @@ TEST(SubsetSessions, GroupsLargerThanTheBoundAreNotKept) {
   sessions.Put("a", Groups(4));
   sessions.Put("a", Groups(11));
   sessions.Put("b", Groups(11));
-  EXPECT_EQ(sessions.Get("a"), nullptr);
-  EXPECT_EQ(sessions.Get("b"), nullptr);
+  EXPECT_EQ(sessions.Get("a").groups, nullptr);
+  EXPECT_EQ(sessions.Get("b").groups, nullptr);
   EXPECT_EQ(sessions.charged(), 0);
 }
 
@@ -67,8 +78,8 @@ TEST(SubsetSessions, SessionsOfFewIdsAreChargedTheirBookkeeping) {
   SubsetSessions sessions(10 * Charge(1));
   for (int i = 0; i < 1000; ++i) sessions.Put(absl::StrCat("token-", i), Groups(1));
   EXPECT_EQ(sessions.charged(), 10 * Charge(1));
-  EXPECT_EQ(sessions.Get("token-989"), nullptr);
-  EXPECT_NE(sessions.Get("token-990"), nullptr);
+  EXPECT_EQ(sessions.Get("token-989").groups, nullptr);
+  EXPECT_NE(sessions.Get("token-990").groups, nullptr);
 }
 
 TEST(SubsetSessions, StaysWithinTheBoundUnderConcurrentUse) {
@@ -78,7 +89,7 @@ TEST(SubsetSessions, StaysWithinTheBoundUnderConcurrentUse) {
     threads.emplace_back([&sessions, t] {
       for (int i = 0; i < 500; ++i) {
         const std::string token = absl::StrCat(t, "/", i % 7);
-        if (auto groups = sessions.Get(token)) {
+        if (auto groups = sessions.Get(token).groups) {
           EXPECT_EQ((*groups)[0].size(), static_cast<size_t>(1 + i % 7));
         } else {
           sessions.Put(token, Groups(1 + i % 7));

@@ -265,6 +265,41 @@ TEST(StreamTest, RouterPassesOnGroupsThatReplaceThoseOfTheirToken) {
   }
 }
 
+// Both replicas of a shard hold other groups under the client's token (declared to each
+// directly), and groups that replace them through the router reach only the replica that
+// request went to: every later request naming the token alone still searches the new groups,
+// on whichever replica it lands (the router names them to its shards by a token of their own).
+TEST(StreamTest, ReplacedGroupsAreSearchedOnEveryReplica) {
+  Fixture fixture(1, 2);
+  const SubsetGroups old_groups = {{5, 20, 120}, {130, 199}};
+  const SubsetGroups new_groups = {{0, 1}, {150, 160, 170}};
+  const Matrix<float> queries = RandomQueries(2, kDim, 701);
+  auto request_for = [&](const SubsetGroups* groups) {
+    v1::SearchRequest request = SubsetStep(queries, {1, 0});
+    request.mutable_params()->set_k(3);
+    request.set_subset_session("session-c");
+    if (groups == nullptr) return request;
+    for (const auto& group : *groups) {
+      request.add_subset_groups()->mutable_sentence_ids()->Assign(group.begin(), group.end());
+    }
+    return request;
+  };
+  v1::SearchResponse response;
+  for (const auto& server : fixture.servers) {
+    auto replica = Connect(server->address());
+    ASSERT_TRUE(CallSearch(replica.get(), request_for(&old_groups), &response).ok());
+  }
+  TestRouter router(fixture.map, FastRouterOptions());
+  auto stub = Connect(router.address());
+  ASSERT_TRUE(CallSearch(stub.get(), request_for(&new_groups), &response).ok());
+  const Neighbors expected = fixture.Expected(queries, new_groups, {1, 0}, 3);
+  ExpectSameNeighbors(response, expected);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(CallSearch(stub.get(), request_for(nullptr), &response).ok());
+    ExpectSameNeighbors(response, expected);
+  }
+}
+
 // Each shard gets a stream's groups once: the first step names the stream's subset_session,
 // the shard does not know it, and the router sends that request again with the groups; every
 // later step names the session alone. The answers are those of an in-process search.
