@@ -77,6 +77,7 @@ void RequestLimits::ToProto(int dim, v1::Limits* limits) const {
   limits->set_max_subset_sentences(max_subset_sentences);
   limits->set_max_total_subset_sentences(max_total_subset_sentences);
   limits->set_max_message_bytes(MaxMessageBytes(dim));
+  limits->set_max_ef_search(max_ef_search);
 }
 
 void NarrowLimits(const v1::Limits& other, v1::Limits* limits) {
@@ -91,6 +92,7 @@ void NarrowLimits(const v1::Limits& other, v1::Limits* limits) {
   limits->set_max_total_subset_sentences(
       narrow(other.max_total_subset_sentences(), limits->max_total_subset_sentences()));
   limits->set_max_message_bytes(narrow(other.max_message_bytes(), limits->max_message_bytes()));
+  limits->set_max_ef_search(narrow(other.max_ef_search(), limits->max_ef_search()));
 }
 
 absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits) {
@@ -102,9 +104,10 @@ absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits&
     return absl::InvalidArgumentError(
         absl::StrCat("params.nprobe = ", params.nprobe(), "; must be >= 0 (0 = default)"));
   }
-  if (params.ef_search() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("params.ef_search = ", params.ef_search(), "; must be >= 0 (0 = default)"));
+  if (params.ef_search() < 0 || params.ef_search() > limits.max_ef_search) {
+    return absl::InvalidArgumentError(absl::StrCat("params.ef_search = ", params.ef_search(),
+                                                   "; must be 0..", limits.max_ef_search,
+                                                   " (0 = default)"));
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,10 @@ namespace knnserve {
 struct RequestLimits {
   int max_k = 1024;
   int max_rows = 4096;
+  // HNSW's candidate list per query (faiss allocates it per search, in each OpenMP thread,
+  // where an allocation failure cannot be caught); nprobe needs no bound (the index clamps it
+  // to its lists).
+  int max_ef_search = 16384;
   int max_subset_sentences = 65536;              // per group
   int64_t max_total_subset_sentences = 1 << 20;  // over all groups of one request
 
