@@ -89,7 +89,7 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
       ->check(CLI::Range(1, RequestLimits().max_k))
       ->capture_default_str();
   cmd->add_option("--knn-temperature", f->knn.temperature, "softmax temperature τ")
-      ->check(FiniteRange(1e-30, 1e30))
+      ->check(FiniteRange(knn::kMinTemperature, knn::kMaxTemperature))
       ->capture_default_str();
   cmd->add_option("--knn-weight", f->knn.weight, "interpolation weight λ of p_kNN")
       ->check(FiniteRange(0.0, 1.0))

@@ -67,9 +67,12 @@ absl::Status ValidateKnnOptions(const KnnOptions& options) {
   if (options.k < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--knn-topk must be >= 1, got ", options.k));
   }
-  if (!(options.temperature > 0) || !std::isfinite(options.temperature)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--knn-temperature must be > 0, got ", options.temperature));
+  // Bounded away from 0 so that -d/τ stays finite for every float distance (a τ of 1e-320
+  // overflowed the scores to -inf, and their differences to NaN).
+  if (!(options.temperature >= kMinTemperature && options.temperature <= kMaxTemperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("--knn-temperature must be in [",
+                                                   kMinTemperature, ", ", kMaxTemperature,
+                                                   "], got ", options.temperature));
   }
   if (!(options.weight >= 0 && options.weight <= 1)) {
     return absl::InvalidArgumentError(
@@ -202,6 +205,11 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor>> KnnLogitsProcessor::Create(
   if (selector != nullptr && !retriever->info().supports_subset) {
     return absl::FailedPreconditionError(
         "subset kNN-MT needs an index with subset codes (built with values and a PQ)");
+  }
+  if (options.threshold > 0 && retriever->info().metric != Metric::kL2) {
+    return absl::InvalidArgumentError(
+        "--knn-threshold drops neighbours farther than a squared L2 distance, but this index "
+        "ranks by inner product: leave it at 0");
   }
   if (selector == nullptr && retriever->info().subset_only) {
     return absl::FailedPreconditionError(

@@ -27,7 +27,7 @@ namespace knnserve::knn {
 // The knobs, named as knn-seq names its flags.
 struct KnnOptions {
   int k = 16;               // --knn-topk: neighbours per query
-  double temperature = 10;  // --knn-temperature τ (> 0), in the index's distance units
+  double temperature = 10;  // --knn-temperature τ, in the index's distance units
   double weight = 0.5;      // --knn-weight λ in [0, 1]
   int nprobe = 0;           // --knn-nprobe: IVF lists probed (0: the index's default)
   double threshold = 0;     // --knn-threshold: neighbours with distance > threshold are
@@ -40,6 +40,10 @@ struct KnnOptions {
   // leave.
   bool background_search = false;
 };
+
+// The temperatures ValidateKnnOptions accepts.
+inline constexpr double kMinTemperature = 1e-30;
+inline constexpr double kMaxTemperature = 1e30;
 
 // INVALID_ARGUMENT naming the bad knob.
 absl::Status ValidateKnnOptions(const KnnOptions& options);

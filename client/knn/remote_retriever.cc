@@ -124,12 +124,22 @@ class RemoteSession : public RetrievalSession {
   }
 
  private:
+  // The step deadline covers opening the stream and its setup too: a write blocks while the
+  // router takes no more data (a stalled router, a setup of ~32k sentence ids).
   absl::StatusOr<Neighbors> Attempt(const v1::StreamRequest& message) {
-    if (stream_ == nullptr) RETURN_IF_ERROR(OpenStream());
+    const bool opening = stream_ == nullptr;
+    if (opening) {
+      context_ = std::make_unique<grpc::ClientContext>();
+      stream_ = stub_->SearchStream(context_.get());
+    }
     v1::SearchResponse response;
     watchdog_.Arm(context_.get(), options_->step_deadline);
-    const bool ok = stream_->Write(message) && stream_->Read(&response);
+    const bool set_up = !opening || !setup_.has_value() || stream_->Write(*setup_);
+    const bool ok = set_up && stream_->Write(message) && stream_->Read(&response);
     const bool timed_out = watchdog_.Disarm();
+    // An answer read just as the watchdog cancelled the stream is still the answer; the
+    // cancelled stream goes, so that the next step opens another instead of failing on it.
+    if (ok && timed_out) CloseStream().IgnoreError();
     if (!ok) {
       absl::Status status = CloseStream();
       if (timed_out) {
@@ -137,9 +147,10 @@ class RemoteSession : public RetrievalSession {
             "retrieval step ", message.step().request_id(), " took longer than ",
             absl::FormatDuration(options_->step_deadline), " (", options_->address, ")"));
       }
-      return status.ok() ? absl::UnavailableError(absl::StrCat("the retrieval stream to ",
-                                                               options_->address, " ended"))
-                         : status;
+      if (!status.ok()) return status;
+      return absl::UnavailableError(
+          set_up ? absl::StrCat("the retrieval stream to ", options_->address, " ended")
+                 : absl::StrCat("could not send the session setup to ", options_->address));
     }
     if (response.error_code() != 0) {
       return absl::Status(static_cast<absl::StatusCode>(response.error_code()),
@@ -149,21 +160,13 @@ class RemoteSession : public RetrievalSession {
     return DecodeNeighbors(response);
   }
 
-  absl::Status OpenStream() {
-    context_ = std::make_unique<grpc::ClientContext>();
-    stream_ = stub_->SearchStream(context_.get());
-    if (setup_.has_value() && !stream_->Write(*setup_)) {
-      absl::Status status = CloseStream();
-      return status.ok() ? absl::UnavailableError(absl::StrCat(
-                               "could not send the session setup to ", options_->address))
-                         : status;
-    }
-    return absl::OkStatus();
-  }
-
+  // Bounded by the step deadline too: Finish waits for the router to end the call, which a
+  // stalled router never does (the session's destructor, and so the decoder, would wait).
   absl::Status CloseStream() {
+    watchdog_.Arm(context_.get(), options_->step_deadline);
     stream_->WritesDone();
     absl::Status status = FromGrpcStatus(stream_->Finish());
+    watchdog_.Disarm();
     stream_.reset();
     context_.reset();
     if (status.ok()) return status;

@@ -177,6 +177,8 @@ TEST(KnnOptionsTest, NamesTheBadFlag) {
   options = {};
   options.temperature = 0;
   EXPECT_THAT(ValidateKnnOptions(options).message(), HasSubstr("--knn-temperature"));
+  options.temperature = 1e-320;  // positive, but -d/τ overflows (from --knn-config or a grid)
+  EXPECT_THAT(ValidateKnnOptions(options).message(), HasSubstr("--knn-temperature"));
   options = {};
   options.k = 0;
   EXPECT_THAT(ValidateKnnOptions(options).message(), HasSubstr("--knn-topk"));

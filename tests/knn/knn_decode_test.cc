@@ -460,6 +460,31 @@ TEST_F(KnnDecodeTest, AStepAbandonedAfterBeginStepLeavesTheProcessorUsable) {
   EXPECT_EQ(processor->stats().query_rows, 5);
 }
 
+// --knn-threshold drops neighbours by squared L2 distance: against an inner-product index it is
+// refused, not silently ignored.
+TEST_F(KnnDecodeTest, ThresholdIsRefusedForAnInnerProductIndex) {
+  class InnerProductInfo : public knn::Retriever {
+   public:
+    explicit InnerProductInfo(const knn::RetrieverInfo& info) : info_(info) {
+      info_.metric = Metric::kInnerProduct;
+    }
+    const knn::RetrieverInfo& info() const override { return info_; }
+    absl::StatusOr<std::unique_ptr<knn::RetrievalSession>> StartSession(SubsetGroups) override {
+      return absl::UnimplementedError("not searched");
+    }
+
+   private:
+    knn::RetrieverInfo info_;
+  };
+  InnerProductInfo retriever(Local(*flat_)->info());
+  knn::KnnOptions options;
+  options.threshold = 50;
+  EXPECT_THAT(knn::KnnLogitsProcessor::Create(&retriever, options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("inner product")));
+  options.threshold = 0;
+  EXPECT_OK(knn::KnnLogitsProcessor::Create(&retriever, options, nullptr).status());
+}
+
 TEST_F(KnnDecodeTest, SubsetOnlyRetrieverServesSubsetKnnAndRefusesFullKnn) {
   ASSERT_OK_AND_ASSIGN(auto subset_only, knn::LocalRetriever::Create(pq_->index_dir, 1,
                                                                      /*full_search=*/false));

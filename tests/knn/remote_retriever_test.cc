@@ -1,0 +1,88 @@
+// RemoteRetriever against a router stand-in that misbehaves on purpose.
+#include "client/knn/remote_retriever.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/matrix.h"
+#include "common/search_types.h"
+#include "common/status_matchers.h"
+#include "common/wire.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "knnserve/v1/retrieval.grpc.pb.h"
+
+namespace knnserve::knn {
+namespace {
+
+constexpr int kDim = 4;
+
+// Answers every step (all neighbours missing) but, once the client is done writing, keeps the
+// call open until the client cancels it or 20 s pass: a router that stalled between two steps.
+class StallingRouter final : public v1::Retrieval::Service {
+ public:
+  grpc::Status Info(grpc::ServerContext*, const v1::InfoRequest*,
+                    v1::InfoResponse* response) override {
+    response->set_dim(kDim);
+    response->set_metric(v1::METRIC_L2);
+    response->set_total_vectors(10);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SearchStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SearchResponse, v1::StreamRequest>* stream) override {
+    v1::StreamRequest message;
+    while (stream->Read(&message)) {
+      v1::SearchResponse response;
+      EncodeNeighbors(Neighbors::Missing(message.step().queries().rows(),
+                                         message.step().params().k(), Metric::kL2,
+                                         /*with_values=*/true),
+                      &response);
+      stream->Write(response);
+    }
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (!context->IsCancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+    cancelled = context->IsCancelled();
+    ended.Notify();
+    return grpc::Status::OK;
+  }
+
+  std::atomic<bool> cancelled{false};
+  absl::Notification ended;
+};
+
+// A session's end waits for the router to end the stream; a stalled router never does, and the
+// decoder would wait with it. The step deadline bounds that wait too: the stream is cancelled.
+TEST(RemoteRetriever, ClosingAStreamTheRouterNeverEndsIsBoundedByTheStepDeadline) {
+  StallingRouter router;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&router);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+
+  RemoteRetrieverOptions options;
+  options.address = "127.0.0.1:" + std::to_string(port);
+  options.step_deadline = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteRetriever> retriever,
+                       RemoteRetriever::Create(options));
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<RetrievalSession> session, retriever->StartSession({}));
+    const Matrix<float> queries(2, kDim);
+    SearchParams params;
+    params.k = 3;
+    ASSERT_OK_AND_ASSIGN(const Neighbors neighbors, session->Search(queries.view(), {}, params));
+    EXPECT_EQ(neighbors.rows, 2);
+  }  // the session ends: its stream is closed
+  ASSERT_TRUE(router.ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(router.cancelled) << "the client waited for the router instead of cancelling";
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace knnserve::knn
