@@ -50,11 +50,9 @@ struct StepSpec {
   std::function<absl::StatusOr<std::string>()> run;
   // Checks an existing output beyond its digest and returns its size (null: the digest's).
   std::function<absl::StatusOr<int64_t>()> verify;
-  // The step replaces its output as a whole only once it succeeded (BuildIndex removes the old
-  // manifest just before it writes the first file and writes the new one last): an output made
-  // with other options of this step (the same inputs) is not removed before, so a rebuild that
-  // fails before writing (bad options) keeps it.
-  bool replaced_when_done = false;
+  // The step takes over an output it finds unrecorded when it checks out (the keys steps:
+  // keys of the same values, model and dtype), and resumes a partial one.
+  bool adopts_output = false;
 };
 
 // Runs the steps in order, recording each in datastore.json.
@@ -68,7 +66,11 @@ class Pipeline {
     result.step = step.name;
     const std::string& name = step.name;
     const std::string path = Join(options_.out_dir, step.output);
-    const bool recorded = manifest_.steps.count(name) > 0;
+    const auto record = manifest_.steps.find(name);
+    const bool recorded = record != manifest_.steps.end();
+    // What the recorded output hashed to: a recomputed output that hashes the same leaves the
+    // later steps' outputs valid.
+    const std::string recorded_sha256 = recorded ? record->second.digest.sha256 : "";
     const bool stale_inputs = upstream_changed_;
     const auto options = manifest_.step_options.find(name);
     const bool other_options =
@@ -77,8 +79,9 @@ class Pipeline {
       std::fprintf(stderr, "datastore build: %s: made with %s, this run asks for %s: rebuilding\n",
                    name.c_str(), options->second.c_str(), step.options.c_str());
     }
-    if (!stale_inputs && recorded && !other_options && manifest_.steps[name].file == step.output &&
-        VerifyFile(path, manifest_.steps[name].digest).ok()) {
+    const bool verifies = recorded && record->second.file == step.output &&
+                          VerifyFile(path, record->second.digest).ok();
+    if (!stale_inputs && !other_options && verifies) {
       absl::StatusOr<int64_t> bytes =
           step.verify ? step.verify() : absl::StatusOr<int64_t>(manifest_.steps[name].digest.bytes);
       if (bytes.ok()) {
@@ -90,22 +93,24 @@ class Pipeline {
         return absl::OkStatus();
       }
     }
-    // Recomputing: this step's and every later step's recorded outputs are stale, and their
-    // records go (on disk with this step's record: a run stopped before the later steps cannot
-    // leave them recorded as made from the old output). A step whose output is gone once it
-    // starts writes that to disk before it runs: stopped after publishing its output (keys of
-    // hundreds of GB are hashed twice after that) but before its record, the next run finds the
-    // output unrecorded and the keys steps adopt it (after checking it), where the old record
-    // had it removed as not verifying. An output we recorded that no longer verifies, or one
-    // made from stale inputs or other options, is removed first so the step cannot adopt it;
-    // a partial output is kept (resumed) unless its inputs or options changed.
-    upstream_changed_ = true;
-    ForgetStepsNotRunYet();
+    // Recomputing. Until the step succeeds the directory keeps what it has: every writer
+    // publishes its output whole (temp file, rename; BuildIndex its manifest last), and the
+    // records of this step and the later ones stay, so a run that fails (bad options, a full
+    // disk) or is stopped loses nothing the next run with the old options could skip. Only what
+    // the step might mistake for its own goes first: an output made from stale inputs, one of
+    // other options or one that no longer verifies where the step adopts outputs, a recorded
+    // output that no longer verifies, and a partial output of stale inputs or other options (a
+    // partial one is resumed otherwise).
     std::error_code ignored;
-    if (stale_inputs || (recorded && !step.replaced_when_done)) fs::remove(path, ignored);
+    if (stale_inputs || (recorded && (step.adopts_output || !verifies))) fs::remove(path, ignored);
     if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
-    // After the removals: unrecorded, an output that did not verify would be adopted.
-    if (!step.replaced_when_done) {
+    if (step.adopts_output && recorded) {
+      // Unrecorded while it runs (after the removals: unrecorded, an output that did not verify
+      // would be adopted): stopped after publishing its output (keys of hundreds of GB are
+      // hashed twice after that) but before its record, the next run adopts it after checking
+      // it, where a stale record would have had it removed as not verifying.
+      manifest_.steps.erase(name);
+      manifest_.step_options.erase(name);
       RETURN_IF_ERROR(WriteDatastoreManifest(options_.out_dir, manifest_));
     }
     const absl::Time begin = absl::Now();
@@ -116,6 +121,13 @@ class Pipeline {
       ASSIGN_OR_RETURN(result.bytes, step.verify());
     } else {
       result.bytes = digest.bytes;
+    }
+    // A new output (or one that was not recorded, so may differ from what the later steps used)
+    // makes every later step's output stale: their records go in the same write as this
+    // step's, so that no run can find them recorded beside the new output.
+    if (digest.sha256 != recorded_sha256) {
+      upstream_changed_ = true;
+      ForgetStepsNotRunYet();
     }
     manifest_.steps[name] = ManifestFile{step.output, digest};
     manifest_.step_options[name] = step.options;
@@ -129,7 +141,7 @@ class Pipeline {
   std::vector<StepResult> results() const { return results_; }
 
  private:
-  // Drops the records of every step this build has not run yet: the one recomputing and the
+  // Drops the records of every step this build has not run yet: the one that just ran and the
   // later ones.
   void ForgetStepsNotRunYet() {
     std::set<std::string> run;
@@ -271,6 +283,7 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
       ASSIGN_OR_RETURN(const KeysReport r, RunKeysStep(keys));
       return KeysDetail(r);
     };
+    step.adopts_output = true;
     RETURN_IF_ERROR(pipeline.Step(step));
   }
 
@@ -292,7 +305,6 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
                       sentences ? std::string() : values_path, index, dir);
     };
     step.verify = [&] { return VerifyIndexDirectory(dir); };
-    step.replaced_when_done = true;
     RETURN_IF_ERROR(pipeline.Step(step));
   }
   return pipeline.results();

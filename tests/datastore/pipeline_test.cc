@@ -1,5 +1,6 @@
-// `datastore build`: every step runs once, a rerun skips verified outputs, a corrupted output
-// is recomputed with everything after it, another model's directory is refused, and decoding
+// `datastore build`: every step runs once, a rerun skips verified outputs, a changed output is
+// recomputed with everything after it (an output recomputed the same keeps what follows it), a
+// failed rebuild loses nothing, another model's directory is refused, and decoding
 // checks that the keys came from its model and feature; a full disk fails a step without
 // losing earlier ones or publishing a half-written file.
 #include "client/datastore/pipeline.h"
@@ -148,6 +149,37 @@ TEST_F(PipelineTest, AFailedRebuildWithBadIndexOptionsKeepsTheOldIndex) {
   EXPECT_EQ(Skipped(results).size(), 5u);
 }
 
+// A rebuild with other values options that fails (here: the disk fills) loses nothing: the old
+// values.h5 stays, and so do the records of every step, so the old options skip them all.
+TEST_F(PipelineTest, AFailedValuesRebuildWithOtherOptionsKeepsEveryStep) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  const std::string values = Path("ds/") + kValuesFileName;
+  ASSERT_OK_AND_ASSIGN(const FileDigest built, DigestFile(values));
+  BuildOptions other = Options();
+  other.max_sentence_tokens = 2 * Options().max_sentence_tokens;
+  {
+    FileSizeLimit disk_full(fs::file_size(values) / 2);
+    EXPECT_THAT(BuildDatastore(other).status().message(), HasSubstr(kValuesFileName));
+  }
+  ASSERT_OK_AND_ASSIGN(const FileDigest after, DigestFile(values));
+  EXPECT_EQ(after.sha256, built.sha256);
+  ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(Options()));
+  EXPECT_EQ(Skipped(results).size(), 5u);
+}
+
+// Other values options that change nothing in values.h5 (no sentence is longer than either
+// limit) recompute the values, which hash the same: the keys and indexes stay.
+TEST_F(PipelineTest, AValuesRebuildThatComesOutTheSameKeepsTheLaterSteps) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  BuildOptions other = Options();
+  other.max_sentence_tokens = 2 * Options().max_sentence_tokens;
+  ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(other));
+  EXPECT_THAT(Skipped(results),
+              ::testing::ElementsAre("keys", "sentence_keys", "index", "sentence_index"));
+  ASSERT_OK_AND_ASSIGN(const auto again, BuildDatastore(other));
+  EXPECT_EQ(Skipped(again).size(), 5u);
+}
+
 TEST_F(PipelineTest, ValuesAloneMayNotReplaceTheValuesOfComputedKeys) {
   EXPECT_OK(CheckValuesMayBeWritten(Path("fresh")));
   ASSERT_OK(BuildDatastore(Options()).status());
@@ -163,7 +195,8 @@ TEST_F(PipelineTest, ValuesAloneMayNotReplaceTheValuesOfComputedKeys) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("keys.h5.partial")));
 }
 
-TEST_F(PipelineTest, ACorruptedOutputIsRecomputedWithEveryLaterStep) {
+// A recomputed output that hashes as the recorded one did leaves the later steps' outputs valid.
+TEST_F(PipelineTest, ACorruptedOutputIsRecomputedAndLaterStepsStandWhenItComesOutTheSame) {
   ASSERT_OK(BuildDatastore(Options()).status());
   const std::string sentence_keys = Path("ds/") + kSentenceKeysFileName;
   const std::vector<float> original = ReadAll(sentence_keys);
@@ -176,7 +209,8 @@ TEST_F(PipelineTest, ACorruptedOutputIsRecomputedWithEveryLaterStep) {
     f.put(c);
   }
   ASSERT_OK_AND_ASSIGN(const auto results, BuildDatastore(Options()));
-  EXPECT_THAT(Skipped(results), ::testing::ElementsAre("values", "keys"));
+  EXPECT_THAT(Skipped(results),
+              ::testing::ElementsAre("values", "keys", "index", "sentence_index"));
   // Recomputed, not adopted: the same keys as the first build.
   EXPECT_EQ(ReadAll(sentence_keys), original);
   ASSERT_OK_AND_ASSIGN(const auto again, BuildDatastore(Options()));
