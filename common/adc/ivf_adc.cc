@@ -361,7 +361,9 @@ void IvfAdc::SetUpRows(MatrixView<const float> queries, MatrixView<const int64_t
 // it, up to kPassRows per pass, so its codes are read once instead of once per row. Each row's
 // nearest list comes first, for all rows: on clustered keys it holds most of the k nearest, and
 // its exact k-th distance caps the row's other lists far tighter than upper bounds do; then the
-// other lists, in list order. The order changes what is pruned, never the answer.
+// other lists, in list order. The order changes what is pruned, never the answer. A list a row
+// names twice is scanned once for it: a vector offered twice would count twice among the k
+// smallest upper bounds and could prune a true neighbour.
 void IvfAdc::SearchRows(MatrixView<const float> queries, MatrixView<const int64_t> probes,
                         int64_t first, int num, int k, Scratch& scratch, Neighbors& out) const {
   SetUpRows(queries, probes, first, num, scratch);
@@ -370,17 +372,28 @@ void IvfAdc::SearchRows(MatrixView<const float> queries, MatrixView<const int64_
     visits.clear();
     for (int i = 0; i < num; ++i) {
       const int64_t* row_probes = scratch.rows[i].probes;
-      bool first_list = true;
+      int64_t first_list = -1;
       for (int p = 0; p < probes.cols; ++p) {
         const int64_t list = row_probes[p];
         if (list < 0 || list_begin_[list] == list_begin_[list + 1]) continue;
-        if (first_list == nearest) visits.push_back({list, i, p});
-        first_list = false;
+        if (first_list < 0) {
+          first_list = list;
+          if (nearest) visits.push_back({list, i, p});
+        } else if (!nearest && list != first_list) {
+          visits.push_back({list, i, p});
+        }
       }
     }
     std::sort(visits.begin(), visits.end(), [](const ListVisit& a, const ListVisit& b) {
-      return a.list != b.list ? a.list < b.list : a.row < b.row;
+      return a.list != b.list ? a.list < b.list
+             : a.row != b.row ? a.row < b.row
+                              : a.probe < b.probe;
     });
+    visits.erase(std::unique(visits.begin(), visits.end(),
+                             [](const ListVisit& a, const ListVisit& b) {
+                               return a.list == b.list && a.row == b.row;
+                             }),
+                 visits.end());
     for (size_t a = 0, b = 0; a < visits.size(); a = b) {
       while (b < visits.size() && visits[b].list == visits[a].list) ++b;
       ScanList(visits[a].list, visits.data() + a, static_cast<int>(b - a), k, scratch);

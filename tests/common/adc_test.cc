@@ -834,24 +834,36 @@ Neighbors BruteForceIvf(const IvfPqLists& lists, MatrixView<const float> queries
   return out;
 }
 
+// rows x d queries of independent standard normal values.
+Matrix<float> NormalQueries(int64_t rows, int d, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  Matrix<float> queries(rows, d);
+  for (int64_t i = 0; i < queries.size(); ++i) queries.data()[i] = normal(rng);
+  return queries;
+}
+
+// Lists 0 .. nlist - 1 in a random order.
+std::vector<int64_t> ShuffledLists(int nlist, std::mt19937_64& rng) {
+  std::vector<int64_t> order(nlist);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
 // Rows searched together (each list scanned once for all rows that probe it, in passes of up to
 // 8 rows, in chunks of rows) answer as each row searched alone: more rows than one chunk holds,
 // lists probed by dozens of rows, repeated rows, rows that probe one list, 1 and 2 threads.
 TEST(IvfAdc, RowsSearchedTogetherAnswerAsEachRowAlone) {
   std::mt19937_64 rng(73);
-  std::normal_distribution<float> normal;
   constexpr int kM = 16, kDsub = 4, kNlist = 12, kRows = 700, kNprobe = 5, kK = 12;
   const IvfPqLists lists = RandomLists(kM, kDsub, kNlist, 5000, rng);
-  Matrix<float> queries(kRows, kM * kDsub);
-  for (int64_t i = 0; i < queries.size(); ++i) queries.data()[i] = normal(rng);
+  Matrix<float> queries = NormalQueries(kRows, kM * kDsub, rng);
   for (int r = 100; r < 110; ++r) {  // repeated rows
     std::copy(queries.row(7), queries.row(8), queries.row(r));
   }
   Matrix<int64_t> probes(kRows, kNprobe);
   for (int r = 0; r < kRows; ++r) {
-    std::vector<int64_t> order(kNlist);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<int64_t> order = ShuffledLists(kNlist, rng);
     for (int p = 0; p < kNprobe; ++p) probes.at(r, p) = r % 50 == 0 && p > 0 ? -1 : order[p];
   }
   for (AdcKernel kernel : kQuantizedKernels) {
@@ -870,6 +882,35 @@ TEST(IvfAdc, RowsSearchedTogetherAnswerAsEachRowAlone) {
             << r;
       }
     }
+  }
+}
+
+// A list a row names twice (first among them, its nearest) is searched once for it: the same
+// answer, bit for bit, as naming each list once. Offered twice, a vector counted twice among the
+// k smallest upper bounds, so a true neighbour could be pruned and an id come back twice.
+TEST(IvfAdc, ListsProbedTwiceAnswerAsProbedOnce) {
+  std::mt19937_64 rng(79);
+  constexpr int kM = 16, kDsub = 4, kNlist = 12, kRows = 40, kNprobe = 4, kK = 12;
+  const IvfPqLists lists = RandomLists(kM, kDsub, kNlist, 5000, rng);
+  const Matrix<float> queries = NormalQueries(kRows, kM * kDsub, rng);
+  Matrix<int64_t> once(kRows, kNprobe);
+  Matrix<int64_t> twice(kRows, 2 * kNprobe);
+  for (int r = 0; r < kRows; ++r) {
+    const std::vector<int64_t> order = ShuffledLists(kNlist, rng);
+    for (int p = 0; p < kNprobe; ++p) once.at(r, p) = order[p];
+    const int repeated[2 * kNprobe] = {0, 1, 0, 2, 3, 1, 3, 2};
+    for (int p = 0; p < 2 * kNprobe; ++p) twice.at(r, p) = order[repeated[p]];
+  }
+  for (AdcKernel kernel : kQuantizedKernels) {
+    if (!CpuSupports(kernel)) continue;
+    SCOPED_TRACE(AdcKernelName(kernel));
+    ASSERT_OK_AND_ASSIGN(auto adc, IvfAdc::Create(lists, {1, kernel}));
+    ASSERT_OK_AND_ASSIGN(const Neighbors expected, adc->Search(queries.view(), once.view(), kK));
+    ASSERT_OK_AND_ASSIGN(const Neighbors got, adc->Search(queries.view(), twice.view(), kK));
+    EXPECT_EQ(got.ids, expected.ids);
+    EXPECT_EQ(std::memcmp(got.distances.data(), expected.distances.data(),
+                          expected.distances.size() * sizeof(float)),
+              0);
   }
 }
 
