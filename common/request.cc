@@ -42,22 +42,25 @@ absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows
   return absl::OkStatus();
 }
 
-// The exponent bits of IEEE fp32 and fp16 values: all set for NaN and Inf alone.
-constexpr uint32_t kFp32Exponent = 0x7f800000u;
-constexpr uint16_t kFp16Exponent = 0x7c00u;
+// IEEE values without their sign bit compare as their magnitudes do, NaN and Inf above every
+// finite one: the largest accepted magnitude's bits, and the mask that drops the sign.
+constexpr uint32_t kFp32MaxBits = 0x58800000u;  // 2^50 (kMaxQueryMagnitude)
+constexpr uint32_t kFp32Magnitude = 0x7fffffffu;
+constexpr uint16_t kFp16MaxBits = 0x7bffu;  // 65504, the largest finite half
+constexpr uint16_t kFp16Magnitude = 0x7fffu;
 
-// Whether none of the `n` floating-point values at `bytes` (`Bits` wide, not necessarily
-// aligned) is NaN or Inf, read from their bits without a branch per element, so that the scan
-// vectorizes.
+// Whether every one of the `n` floating-point values at `bytes` (`Bits` wide, not necessarily
+// aligned) is finite and at most `max_bits` in magnitude, read from their bits without a branch
+// per element, so that the scan vectorizes.
 template <typename Bits>
-bool AllFinite(const char* bytes, int64_t n, Bits exponent) {
-  uint32_t not_finite = 0;
+bool AllWithin(const char* bytes, int64_t n, Bits magnitude, Bits max_bits) {
+  uint32_t outside = 0;
   for (int64_t i = 0; i < n; ++i) {
     Bits bits;
     std::memcpy(&bits, bytes + i * sizeof(bits), sizeof(bits));
-    not_finite |= static_cast<uint32_t>((bits & exponent) == exponent);
+    outside |= static_cast<uint32_t>((bits & magnitude) > max_bits);
   }
-  return not_finite == 0;
+  return outside == 0;
 }
 
 }  // namespace
@@ -158,29 +161,30 @@ absl::StatusOr<SubsetGroups> ParseSubsetGroups(
   return parsed;
 }
 
-absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what) {
-  if (AllFinite(reinterpret_cast<const char*>(m.data()), m.size(), kFp32Exponent)) {
+absl::Status CheckQueryValues(const Matrix<float>& m, absl::string_view what) {
+  if (AllWithin(reinterpret_cast<const char*>(m.data()), m.size(), kFp32Magnitude, kFp32MaxBits)) {
     return absl::OkStatus();
   }
   const float* data = m.data();
   for (int64_t i = 0; i < m.size(); ++i) {
-    if (!std::isfinite(data[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / m.cols(), "][", i % m.cols(),
-                                                     "] is ", data[i], "; queries must be finite"));
+    if (!(std::abs(data[i]) <= kMaxQueryMagnitude)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", i / m.cols(), "][", i % m.cols(), "] is ", data[i],
+                       "; queries must be finite and within +-2^50 (1.1e15)"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckFinite(const v1::Matrix& packed, absl::string_view what) {
+absl::Status CheckQueryValues(const v1::Matrix& packed, absl::string_view what) {
   const std::string& data = packed.data();
-  const bool finite = packed.dtype() == v1::DTYPE_FP16
-                          ? AllFinite(data.data(), data.size() / 2, kFp16Exponent)
-                          : AllFinite(data.data(), data.size() / 4, kFp32Exponent);
-  if (finite) return absl::OkStatus();
-  // Rare: decode for the message that names the first NaN/Inf.
+  const bool within = packed.dtype() == v1::DTYPE_FP16
+                          ? AllWithin(data.data(), data.size() / 2, kFp16Magnitude, kFp16MaxBits)
+                          : AllWithin(data.data(), data.size() / 4, kFp32Magnitude, kFp32MaxBits);
+  if (within) return absl::OkStatus();
+  // Rare: decode for the message that names the first value out of range.
   ASSIGN_OR_RETURN(Matrix<float> decoded, DecodeMatrix(packed, what));
-  return CheckFinite(decoded, what);
+  return CheckQueryValues(decoded, what);
 }
 
 bool IsUnknownSubsetSession(const absl::Status& status) {
@@ -202,11 +206,11 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   SearchQuery query;
   if (form == QueryForm::kPacked) {
     RETURN_IF_ERROR(ValidateMatrix(request.queries(), "queries"));
-    RETURN_IF_ERROR(CheckFinite(request.queries(), "queries"));
+    RETURN_IF_ERROR(CheckQueryValues(request.queries(), "queries"));
     query.packed_queries = request.queries();
   } else {
     ASSIGN_OR_RETURN(query.queries, DecodeMatrix(request.queries(), "queries"));
-    RETURN_IF_ERROR(CheckFinite(query.queries, "queries"));
+    RETURN_IF_ERROR(CheckQueryValues(query.queries, "queries"));
   }
   query.queries_dtype = request.queries().dtype();
   query.params.k = request.params().k();

@@ -124,11 +124,15 @@ absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits&
 absl::StatusOr<SubsetGroups> ParseSubsetGroups(
     const google::protobuf::RepeatedPtrField<v1::SubsetGroup>& groups, const IndexShape& shape,
     const RequestLimits& limits);
-// INVALID_ARGUMENT naming the first NaN/Inf (row and column).
-absl::Status CheckFinite(const Matrix<float>& m, absl::string_view what);
+// The largest query value accepted, in magnitude: squared distances of such queries stay far
+// from float overflow (beyond it, inf − inf made every distance NaN, or 0).
+inline constexpr float kMaxQueryMagnitude = 0x1p50f;
+// INVALID_ARGUMENT naming the first NaN, Inf or value beyond kMaxQueryMagnitude (row and
+// column).
+absl::Status CheckQueryValues(const Matrix<float>& m, absl::string_view what);
 // The same for a packed matrix that ValidateMatrix (wire.h) accepted, without decoding it
-// unless it holds a NaN/Inf: the same status, message included, as on the decoded matrix.
-absl::Status CheckFinite(const v1::Matrix& packed, absl::string_view what);
+// unless it holds such a value: the same status, message included, as on the decoded matrix.
+absl::Status CheckQueryValues(const v1::Matrix& packed, absl::string_view what);
 
 }  // namespace knnserve
 

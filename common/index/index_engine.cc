@@ -27,7 +27,7 @@ absl::Status CheckQuery(const EngineInfo& info, const SearchQuery& query) {
     return absl::InvalidArgumentError(absl::StrCat("queries have dimension ", query.queries.cols(),
                                                    ", the index has ", info.dim));
   }
-  return CheckFinite(query.queries, "queries");
+  return CheckQueryValues(query.queries, "queries");
 }
 
 // One shard: faiss index (local ids), values, optional subset ADC over its sentences.

@@ -72,8 +72,8 @@ TEST(ParseSearchRequest, PackedFormKeepsTheQueriesAsTheyCame) {
   }
 }
 
-// The packed check reads the bits; it must agree with std::isfinite on the decoded values.
-TEST(CheckFinite, PackedAgreesWithTheDecodedCheckOnEveryHalf) {
+// The packed check reads the bits; it must agree with the decoded values' magnitudes.
+TEST(CheckQueryValues, PackedAgreesWithTheDecodedCheckOnEveryHalf) {
   for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
     v1::Matrix packed;
     packed.set_rows(1);
@@ -82,22 +82,27 @@ TEST(CheckFinite, PackedAgreesWithTheDecodedCheckOnEveryHalf) {
     const uint16_t halves[2] = {0x3c00, static_cast<uint16_t>(bits)};  // 1.0, then `bits`
     packed.set_data(reinterpret_cast<const char*>(halves), sizeof(halves));
     ASSERT_OK_AND_ASSIGN(Matrix<float> decoded, DecodeMatrix(packed, "queries"));
-    ASSERT_EQ(CheckFinite(packed, "queries"), CheckFinite(decoded, "queries")) << bits;
-    ASSERT_EQ(CheckFinite(decoded, "queries").ok(), std::isfinite(decoded.at(0, 1))) << bits;
+    ASSERT_EQ(CheckQueryValues(packed, "queries"), CheckQueryValues(decoded, "queries")) << bits;
+    ASSERT_EQ(CheckQueryValues(decoded, "queries").ok(), std::isfinite(decoded.at(0, 1))) << bits;
   }
 }
 
-TEST(CheckFinite, PackedAgreesWithTheDecodedCheckOnSpecialFloats) {
-  const float specials[] = {0.0f,     -0.0f,    1e-45f,    -1e-45f,       1e-38f,          3.4e38f,
-                            -3.4e38f, INFINITY, -INFINITY, std::nanf(""), -std::nanf("1"), 1.0f};
+TEST(CheckQueryValues, PackedAgreesWithTheDecodedCheckOnSpecialFloats) {
+  const float specials[] = {0.0f,          -0.0f,           1e-45f,
+                            -1e-45f,       1e-38f,          3.4e38f,
+                            -3.4e38f,      INFINITY,        -INFINITY,
+                            std::nanf(""), -std::nanf("1"), 1.0f,
+                            0x1p50f,       -0x1p50f,        std::nextafter(0x1p50f, 1e38f),
+                            -1.2e15f};
   for (const float special : specials) {
     for (int64_t at : {0, 5, 37}) {  // first, in a vector body, last
       Matrix<float> m(2, 19);
       m.data()[at] = special;
       v1::Matrix packed;
       EncodeMatrix(m.view(), v1::DTYPE_FP32, &packed);
-      EXPECT_EQ(CheckFinite(packed, "queries"), CheckFinite(m, "queries")) << special << at;
-      EXPECT_EQ(CheckFinite(m, "queries").ok(), std::isfinite(special)) << special << at;
+      EXPECT_EQ(CheckQueryValues(packed, "queries"), CheckQueryValues(m, "queries"))
+          << special << at;
+      EXPECT_EQ(CheckQueryValues(m, "queries").ok(), std::abs(special) <= 0x1p50f) << special << at;
     }
   }
 }
@@ -181,6 +186,13 @@ INSTANTIATE_TEST_SUITE_P(
                   EncodeMatrix(m.view(), v1::DTYPE_FP32, r->mutable_queries());
                 },
                 kInvalid, "queries[2][5] is nan"},
+        BadCase{"BeyondTheLargestMagnitude",
+                [](auto* r) {
+                  Matrix<float> m(3, kDim);
+                  m.at(1, 2) = 1e20f;  // finite, but its squared distances overflow
+                  EncodeMatrix(m.view(), v1::DTYPE_FP32, r->mutable_queries());
+                },
+                kInvalid, "queries[1][2] is 1e+20; queries must be finite and within"},
         BadCase{"Inf",
                 [](auto* r) {
                   Matrix<float> m(3, kDim);
