@@ -257,6 +257,17 @@ absl::Status WriteSorted(const ValuesBuildOptions& options, const std::string& c
               return std::tie(a.target_len, a.source_len, a.line) <
                      std::tie(b.target_len, b.source_len, b.line);
             });
+  // A disk that fills while HDF5 writes leaves a file it can neither close nor forget
+  // (Hdf5File::Close): the process then crashes as it exits. So the step fails first, with a
+  // clear message, when the arrays would not fit uncompressed (what compression saves is not
+  // known in advance; 4 bytes a token, far below the keys' that follow), plus what deflate can
+  // add to incompressible chunks and room for HDF5's metadata.
+  constexpr int64_t kHdf5OverheadBytes = int64_t{32} << 10;
+  int64_t tokens_total = 0;
+  for (const SentenceRecord& r : pass.records) tokens_total += r.target_len + r.source_len;
+  const int64_t sentences = static_cast<int64_t>(pass.records.size());
+  RETURN_IF_ERROR(CheckRoomFor(
+      path, 4 * tokens_total + 8 * (3 * sentences + 2) + tokens_total / 64 + kHdf5OverheadBytes));
   ASSIGN_OR_RETURN(std::unique_ptr<Hdf5File> file, Hdf5File::Open(path, Hdf5File::Mode::kCreate));
   const int64_t chunk = options.chunk;
   for (const char* name : {"/tokens", "/src_tokens"}) {

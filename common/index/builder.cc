@@ -1,5 +1,7 @@
 #include "common/index/builder.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -145,6 +147,43 @@ absl::StatusOr<FileDigest> WriteShardValues(const ValueSource& values, const Sha
   return out->Commit();
 }
 
+// The files of one build, written under staged names ("<file>.tmp.<pid>": what a killed build
+// leaves is debris that DirectoryLock removes) and renamed to their own names only once every
+// one is written: a build that fails before (a full disk, an unreadable key) leaves the index it
+// would replace whole, loadable and recorded. Staged files not published are removed.
+class StagedFiles {
+ public:
+  explicit StagedFiles(std::string dir) : dir_(std::move(dir)) {}
+  StagedFiles(const StagedFiles&) = delete;
+  StagedFiles& operator=(const StagedFiles&) = delete;
+  ~StagedFiles() {
+    std::error_code ignored;
+    for (const std::string& file : files_) std::filesystem::remove(Staged(file), ignored);
+  }
+
+  // Where `file` (a name in the directory) is written.
+  std::string Add(const std::string& file) {
+    files_.push_back(file);
+    return Staged(file);
+  }
+  // Renames every staged file to its name.
+  absl::Status Publish() {
+    for (; !files_.empty(); files_.pop_back()) {
+      RETURN_IF_ERROR(PublishFile(Staged(files_.back()), Final(files_.back())));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string Final(const std::string& file) const { return absl::StrCat(dir_, "/", file); }
+  std::string Staged(const std::string& file) const {
+    return absl::StrCat(Final(file), ".tmp.", ::getpid());
+  }
+
+  const std::string dir_;
+  std::vector<std::string> files_;  // staged, not yet published
+};
+
 }  // namespace
 
 absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
@@ -154,7 +193,7 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
-  auto path = [&out_dir](const std::string& file) { return absl::StrCat(out_dir, "/", file); };
+  StagedFiles staged(out_dir);
 
   ASSIGN_OR_RETURN(
       std::unique_ptr<FaissIndex> trained,
@@ -170,12 +209,6 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
                        SubsetQuantizer::Train(*trained, subset_m, sample.view(), options.threads));
     }
   }
-  // From the first file written on, an index this one replaces no longer matches its manifest:
-  // the manifest goes first, so a build that stops half-way leaves no index that claims to be
-  // whole (its files are removed below once the new manifest is written).
-  absl::StatusOr<IndexManifest> previous = ReadManifest(out_dir);
-  std::filesystem::remove(path(kManifestFileName), ec);
-
   IndexManifest manifest;
   manifest.factory = options.factory;
   manifest.metric = options.metric;
@@ -185,7 +218,7 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
   if (quantizer != nullptr) {
     manifest.subset_m = quantizer->codebook().m;
     const std::string file = "subset_quantizer.faiss";
-    ASSIGN_OR_RETURN(FileDigest digest, quantizer->Save(path(file)));
+    ASSIGN_OR_RETURN(FileDigest digest, quantizer->Save(staged.Add(file)));
     manifest.subset_quantizer = ManifestFile{file, digest};
   }
 
@@ -204,7 +237,7 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
                                    values->offsets().begin() + r.sentence_end + 1);
       for (int64_t& o : offsets) o -= r.id_begin;
       entry.subset_codes = ManifestFile{ShardFile(s, "subset"), {}};
-      ASSIGN_OR_RETURN(codes_out, AtomicFileWriter::Create(path(entry.subset_codes->file)));
+      ASSIGN_OR_RETURN(codes_out, AtomicFileWriter::Create(staged.Add(entry.subset_codes->file)));
       RETURN_IF_ERROR(codes_out->Append(SubsetCodesHeader(quantizer->codebook().m, offsets)));
     }
     for (int64_t begin = r.id_begin; begin < r.id_end; begin += options.chunk_rows) {
@@ -219,11 +252,11 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
       bar.Add(end - begin);
     }
     entry.index.file = ShardFile(s, "faiss");
-    ASSIGN_OR_RETURN(entry.index.digest, shard->Save(path(entry.index.file)));
+    ASSIGN_OR_RETURN(entry.index.digest, shard->Save(staged.Add(entry.index.file)));
     if (values != nullptr) {
       const std::string file = ShardFile(s, "values");
       ASSIGN_OR_RETURN(FileDigest digest,
-                       WriteShardValues(*values, r, options.chunk_rows, path(file)));
+                       WriteShardValues(*values, r, options.chunk_rows, staged.Add(file)));
       entry.values = ManifestFile{file, digest};
     }
     if (codes_out != nullptr) {
@@ -232,9 +265,14 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
     manifest.shards.push_back(std::move(entry));
   }
   bar.Finish();
-  // The files of the index this one replaced that it does not reuse (a build with fewer shards,
-  // or without subset codes) go once the new manifest is in place: only files the old manifest
-  // listed are removed.
+  // From the first file renamed on, an index this one replaces no longer matches its manifest:
+  // the manifest goes first, so a build stopped while renaming leaves no index that claims to
+  // be whole. The files of the replaced index that this one does not reuse (a build with fewer
+  // shards, or without subset codes) go once the new manifest is in place: only files the old
+  // manifest listed are removed.
+  absl::StatusOr<IndexManifest> previous = ReadManifest(out_dir);
+  std::filesystem::remove(absl::StrCat(out_dir, "/", kManifestFileName), ec);
+  RETURN_IF_ERROR(staged.Publish());
   RETURN_IF_ERROR(WriteManifest(out_dir, manifest).status());
   if (previous.ok()) RemoveFilesNoLongerListed(out_dir, *previous, manifest);
   return manifest;

@@ -329,6 +329,24 @@ TEST(IndexBuild, ShardsOfMoreThan32BitIdsAreRefusedUpFront) {
   EXPECT_THAT(two.message(), ::testing::Not(HasSubstr("2^32")));
 }
 
+// Small IVF-PQ builds (with subset codes when given values), quiet.
+IndexBuildOptions QuietIvfPq(int shards) {
+  IndexBuildOptions options;
+  options.factory = "IVF4,PQ2";
+  options.shards = shards;
+  options.progress.out = nullptr;
+  return options;
+}
+
+// The names of the files in `dir`.
+std::vector<std::string> FilesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
 // A build over an existing index leaves only its own files: those of the old index's extra
 // shards and of its subset codes go once the new manifest is written; other files stay.
 TEST(Hdf5Datastore, ARebuildRemovesTheFilesOfTheIndexItReplaces) {
@@ -336,23 +354,55 @@ TEST(Hdf5Datastore, ARebuildRemovesTheFilesOfTheIndexItReplaces) {
   const testing::Datastore ds = testing::MakeDatastore(300, 8, 4, 5);
   MatrixKeySource keys(ds.keys.view());
   const MemoryValueSource values(ds.values);
-  IndexBuildOptions options;
-  options.factory = "IVF4,PQ2";
-  options.shards = 3;
-  options.progress.out = nullptr;
+  IndexBuildOptions options = QuietIvfPq(3);
   ASSERT_OK_AND_ASSIGN(const IndexManifest old_index, BuildIndex(keys, &values, options, dir));
   std::ofstream(dir + "/notes.txt") << "not the index's";
   options.factory = "Flat";
   options.shards = 1;
   ASSERT_OK_AND_ASSIGN(const IndexManifest new_index, BuildIndex(keys, &values, options, dir));
-  std::vector<std::string> left;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    left.push_back(entry.path().filename().string());
-  }
   std::vector<std::string> expected = {"manifest.json", "notes.txt"};
   for (const ManifestFile& f : new_index.Files()) expected.push_back(f.file);
-  EXPECT_THAT(left, ::testing::UnorderedElementsAreArray(expected));
+  EXPECT_THAT(FilesIn(dir), ::testing::UnorderedElementsAreArray(expected));
   EXPECT_GT(old_index.Files().size(), new_index.Files().size());
+}
+
+// A rebuild that fails after writing some of its files (a key read fails in its second shard)
+// leaves the index it would replace whole: the same manifest, every file verifying, nothing of
+// its own left behind.
+TEST(IndexBuild, AFailedRebuildKeepsTheIndexItWouldReplace) {
+  const std::string dir = FreshTempDir("failed-rebuild").string();
+  const testing::Datastore ds = testing::MakeDatastore(300, 8, 4, 5);
+  const MatrixKeySource keys(ds.keys.view());
+  const MemoryValueSource values(ds.values);
+  IndexBuildOptions options = QuietIvfPq(2);
+  ASSERT_OK_AND_ASSIGN(const IndexManifest old_index, BuildIndex(keys, &values, options, dir));
+
+  // Reads from row 100 on fail; the training sample (all rows, read from row 0) does not.
+  class FailingKeys : public KeySource {
+   public:
+    explicit FailingKeys(const KeySource& keys) : keys_(keys) {}
+    int64_t rows() const override { return keys_.rows(); }
+    int dim() const override { return keys_.dim(); }
+    absl::Status Read(int64_t begin, int64_t end, float* out) const override {
+      if (begin >= 100) return absl::DataLossError("bad sector");
+      return keys_.Read(begin, end, out);
+    }
+
+   private:
+    const KeySource& keys_;
+  } failing(keys);
+  options.factory = "IVF4,PQ4";
+  EXPECT_THAT(BuildIndex(failing, &values, options, dir),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad sector")));
+
+  ASSERT_OK_AND_ASSIGN(const IndexManifest after, ReadManifest(dir));
+  EXPECT_EQ(after.ToJson(), old_index.ToJson());
+  std::vector<std::string> expected = {"manifest.json"};
+  for (const ManifestFile& f : old_index.Files()) {
+    EXPECT_OK(VerifyFile(dir + "/" + f.file, f.digest)) << f.file;
+    expected.push_back(f.file);
+  }
+  EXPECT_THAT(FilesIn(dir), ::testing::UnorderedElementsAreArray(expected));
 }
 
 TEST(Hdf5Datastore, BuildRefusesValuesThatDoNotMatchTheKeys) {
