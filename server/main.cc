@@ -9,10 +9,10 @@
 // signed by --tls-ca when given) and calls shards over TLS verified against --tls-ca,
 // presenting the same certificate (mTLS). Health is SERVING while every shard has a replica
 // that answers. SIGTERM or SIGINT drains and exits 0.
-#include <atomic>
 #include <memory>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "common/cli_checks.h"
 #include "common/process_init.h"
 #include "server/router.h"
@@ -63,10 +63,16 @@ int Run(const RouterFlags& flags) {
     Log(LogLevel::kError, "cannot serve metrics", {{"error", metrics_server.status().ToString()}});
     return 1;
   }
-  std::atomic<RpcServer*> serving_server{nullptr};
+  // The probes report health to the server only while it serves. The mutex makes the drain
+  // wait for a report in progress: the router (and its probe thread) outlives the server, so a
+  // report could otherwise reach a freed server, or mark it SERVING after the drain marked it
+  // NOT_SERVING.
+  absl::Mutex serving_mu;
+  RpcServer* serving_server = nullptr;  // guarded by serving_mu
   absl::StatusOr<std::unique_ptr<Router>> router =
-      Router::Create(*map, options, &metrics, [&serving_server](bool healthy) {
-        if (RpcServer* server = serving_server.load()) server->SetServing(healthy);
+      Router::Create(*map, options, &metrics, [&](bool healthy) {
+        absl::MutexLock lock(&serving_mu);
+        if (serving_server != nullptr) serving_server->SetServing(healthy);
       });
   if (!router.ok()) {
     Log(LogLevel::kError, "cannot start the router", {{"error", router.status().ToString()}});
@@ -81,8 +87,11 @@ int Run(const RouterFlags& flags) {
     Log(LogLevel::kError, "cannot serve", {{"error", server.status().ToString()}});
     return 1;
   }
-  serving_server.store(server->get());
-  (*server)->SetServing(false);
+  {
+    absl::MutexLock lock(&serving_mu);
+    serving_server = server->get();
+    serving_server->SetServing(false);
+  }
   (*router)->StartProbing();
   Log(LogLevel::kInfo, "listening",
       {{"address", (*server)->address()},
@@ -90,7 +99,10 @@ int Run(const RouterFlags& flags) {
        {"metrics_port", *metrics_server != nullptr ? (*metrics_server)->port() : 0}});
   const int signal = WaitForTerminationSignal();
   Log(LogLevel::kInfo, "draining", {{"signal", signal}});
-  serving_server.store(nullptr);
+  {
+    absl::MutexLock lock(&serving_mu);
+    serving_server = nullptr;
+  }
   (*server)->Shutdown(absl::Seconds(flags.server.drain_seconds));
   Log(LogLevel::kInfo, "stopped");
   return 0;

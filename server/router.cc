@@ -132,11 +132,19 @@ class FanOut {
       const v1::ShardInfo& shard = *targets_[i];
       absl::StatusOr<v1::SearchResponse>& result = results_[i];
       if (result.ok()) {
+        // A malformed answer is the shard's fault, not the caller's (DecodeNeighbors says
+        // INVALID_ARGUMENT): a gap, reported or tolerated as such.
         absl::StatusOr<Neighbors> neighbors = DecodeNeighbors(*result);
-        if (!neighbors.ok())
-          result = neighbors.status();
-        else
+        if (neighbors.ok() && neighbors->rows != rows_) {
+          neighbors = absl::InvalidArgumentError(
+              absl::StrCat(neighbors->rows, " rows for a query of ", rows_));
+        }
+        if (!neighbors.ok()) {
+          result =
+              absl::InternalError(absl::StrCat("malformed answer: ", neighbors.status().message()));
+        } else {
           parts.push_back(*std::move(neighbors));
+        }
       }
       if (result.ok()) {
         const v1::Coverage& part = result->coverage();

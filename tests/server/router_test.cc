@@ -20,6 +20,7 @@
 namespace knnserve::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kDim = 16;
@@ -153,6 +154,57 @@ TEST(RouterTest, MissingShardFailsOrDegradesPerRequestPolicy) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_FALSE(router.router().healthy());
+}
+
+// Stands in for a replica: forwards to a real one, and spoils its answers (one row short).
+class SpoilingReplica final : public v1::Retrieval::Service {
+ public:
+  explicit SpoilingReplica(const std::string& target) : stub_(Connect(target)) {}
+  grpc::Status Info(grpc::ServerContext*, const v1::InfoRequest* request,
+                    v1::InfoResponse* response) override {
+    grpc::ClientContext context;
+    return stub_->Info(&context, *request, response);
+  }
+  grpc::Status Search(grpc::ServerContext*, const v1::SearchRequest* request,
+                      v1::SearchResponse* response) override {
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->Search(&context, *request, response);
+    response->set_rows(response->rows() - 1);  // the arrays keep every row
+    return status;
+  }
+
+ private:
+  std::unique_ptr<v1::Retrieval::Stub> stub_;
+};
+
+// A malformed shard answer is the shard's fault: a gap (UNAVAILABLE naming the shard, or with
+// allow_partial an answer without it), never INVALID_ARGUMENT as if the caller had erred.
+TEST(RouterTest, AMalformedShardAnswerIsAGapNotTheCallersFault) {
+  Cluster cluster(2, 1);
+  SpoilingReplica spoiling(cluster.shard(1).address());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&spoiling);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ShardMap map = cluster.map();
+  map[1] = {absl::StrCat("127.0.0.1:", port)};
+  TestRouter router(map, FastRouterOptions());
+  auto stub = Connect(router.address());
+  v1::SearchRequest request = MakeRequest(RandomQueries(3, kDim, 11), 5);
+  v1::SearchResponse response;
+  const grpc::Status status = CallSearch(stub.get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), AllOf(HasSubstr("shard 1"), HasSubstr("malformed answer")));
+
+  request.set_allow_partial(true);
+  ASSERT_TRUE(CallSearch(stub.get(), request, &response).ok());
+  EXPECT_EQ(response.coverage().shards_answered(), 1);
+  ASSERT_EQ(response.coverage().degraded_size(), 1);
+  EXPECT_EQ(response.coverage().degraded(0).shard_id(), 1);
+  EXPECT_EQ(response.coverage().degraded(0).reason(), v1::DEGRADED_REASON_ERROR);
+  server->Shutdown();
 }
 
 TEST(RouterTest, FailsOverToAnotherReplica) {
