@@ -35,9 +35,6 @@ struct RouterFlags {
   std::string shard_tls_server_name;
 };
 
-// Router channels and the listening side accept messages for indexes up to this dimension.
-constexpr int kMaxDim = 4096;
-
 int Run(const RouterFlags& flags) {
   absl::StatusOr<ShardMap> map = ReadShardMap(flags.shards_file);
   if (!map.ok()) {
@@ -81,7 +78,7 @@ int Run(const RouterFlags& flags) {
   RetrievalService service(router->get(), flags.server.limits, &metrics,
                            flags.server.subset_session_sentences);
   RpcServerOptions server_options{flags.server.listen, flags.server.tls,
-                                  flags.server.limits.MaxMessageBytes(kMaxDim)};
+                                  flags.server.limits.MaxMessageBytes(kRouterMaxDim)};
   absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(server_options, &service);
   if (!server.ok()) {
     Log(LogLevel::kError, "cannot serve", {{"error", server.status().ToString()}});

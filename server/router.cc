@@ -18,10 +18,6 @@
 
 namespace knnserve {
 
-// Router channels accept the largest messages the limits allow for indexes up to this
-// dimension (the router learns the real dimension from the shards only after it starts).
-constexpr int kRouterMaxDim = 4096;
-
 struct Router::Topology {
   IndexShape shape;
   Metric metric = Metric::kL2;
@@ -479,6 +475,9 @@ void Router::Update() {
   }
   if (reason.empty()) {
     topology->shape = {topology->info.dim(), topology->info.num_sentences()};
+    v1::Limits* limits = topology->info.mutable_limits();
+    limits->set_max_message_bytes(
+        std::min(limits->max_message_bytes(), options_.limits.MaxMessageBytes(kRouterMaxDim)));
     absl::StatusOr<Metric> metric = MetricFromProto(topology->info.metric());
     if (metric.ok())
       topology->metric = *metric;

@@ -34,6 +34,11 @@
 
 namespace knnserve {
 
+// A router's listening side and its channels to the shards accept the largest messages the
+// limits allow for indexes up to this dimension: it learns the real dimension from the shards
+// only after it starts. Beyond it, Info advertises the smaller message limit it enforces.
+inline constexpr int kRouterMaxDim = 4096;
+
 struct RouterOptions {
   RequestLimits limits;
   HedgeOptions hedge;

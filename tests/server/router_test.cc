@@ -476,6 +476,25 @@ TEST(RouterTest, InfoAdvertisesTheShardsLimitsWhenTheyAreTighter) {
   EXPECT_EQ(info.limits().max_rows(), TestLimits().max_rows / 2);  // the router's
 }
 
+// Beyond kRouterMaxDim the router's channels take smaller messages than its shards do: Info
+// advertises the limit the router enforces.
+TEST(RouterTest, InfoAdvertisesTheMessageLimitOfItsChannelsBeyondTheirDimension) {
+  constexpr int kWideDim = kRouterMaxDim + 1;
+  std::vector<std::unique_ptr<SearchEngine>> engines =
+      MakeShardEngines(MakeDatastore(6, kWideDim, 3, 2), 1);
+  TestShard shard(0, std::move(engines[0]));
+  RouterOptions options = FastRouterOptions();
+  options.limits = TestLimits();  // the shard's: only the dimension differs
+  TestRouter router({{0, {shard.address()}}}, options);
+  auto stub = Connect(router.address());
+  grpc::ClientContext context;
+  v1::InfoResponse info;
+  ASSERT_TRUE(stub->Info(&context, v1::InfoRequest(), &info).ok());
+  EXPECT_EQ(info.dim(), kWideDim);
+  EXPECT_EQ(info.limits().max_message_bytes(), TestLimits().MaxMessageBytes(kRouterMaxDim));
+  EXPECT_LT(info.limits().max_message_bytes(), TestLimits().MaxMessageBytes(kWideDim));
+}
+
 TEST(RouterTest, InfoAggregatesTheShards) {
   Cluster cluster(2, 2);
   TestRouter router(cluster.map(), FastRouterOptions());
