@@ -530,9 +530,17 @@ absl::Status FaissIndex::Train(MatrixView<const float> sample) {
                [&] { index_->train(sample.rows, sample.data); });
 }
 
+bool FaissIndex::ListsRepacked() const {
+  if (ivf_adc_ != nullptr) return true;
+  auto* ivf = dynamic_cast<const faiss::IndexIVF*>(Unwrap(index_.get()));
+  return ivf != nullptr && dynamic_cast<const CompactInvertedLists*>(ivf->invlists) != nullptr;
+}
+
 absl::Status FaissIndex::Add(MatrixView<const float> vectors) {
   RETURN_IF_ERROR(CheckCols(vectors, dim(), "added vectors"));
-  if (ivf_adc_ != nullptr || !flat_norms_.empty()) {
+  // Checked here: faiss would throw from compact lists inside its OpenMP region (IVF-Flat's
+  // parallel add), where no Guard can catch it.
+  if (ListsRepacked() || !flat_norms_.empty()) {
     return absl::FailedPreconditionError("Add to an index in serving form");
   }
   if (!is_trained()) return absl::FailedPreconditionError("Add before Train");
@@ -612,9 +620,9 @@ absl::StatusOr<Neighbors> FaissIndex::SearchWithIvfAdc(MatrixView<const float> q
 }
 
 absl::StatusOr<FileDigest> FaissIndex::Save(const std::string& path) const {
-  if (ivf_adc_ != nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("save ", path, ": the index is in serving form (lists packed for IvfAdc)"));
+  if (ListsRepacked()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "save ", path, ": the index is in serving form (lists packed or with 4-byte ids)"));
   }
   return SaveFaiss(index_.get(), path);
 }

@@ -62,7 +62,7 @@ class FaissIndex : public SearchIndex {
 
   // Freezes an IVF index into serving form: its inverted lists keep each vector's local id in 4
   // bytes instead of faiss's 8 (the shard's global id is its base + local id), so a shard costs
-  // code bytes + 4 per vector. Afterwards Add fails, Save still writes faiss's own format. Does
+  // code bytes + 4 per vector. Afterwards Add and Save fail (faiss writes no such lists). Does
   // nothing for non-IVF indexes. REQUIRES: size() < 2^32.
   absl::Status CompactIds();
   // Serving form, called once after loading and before any search. An exact L2 index (Flat)
@@ -72,7 +72,7 @@ class FaissIndex : public SearchIndex {
   // codes is moreover searched by IvfAdc (common/adc/ivf_adc.h): the coarse assignment (and any
   // PCA/OPQ transform) stays faiss's, the list scan is the quantized two-stage scan over lists
   // packed here, and faiss's copy of the lists is released; its answers equal faiss's up to
-  // float rounding (and Save then fails). Afterwards Add fails. The lists are moved, not copied:
+  // float rounding. Afterwards Add and Save fail. The lists are moved, not copied:
   // after an error the index may have lost them and must be discarded. A second call does
   // nothing.
   absl::Status PrepareForServing(AdcKernel kernel);
@@ -100,6 +100,9 @@ class FaissIndex : public SearchIndex {
 
  private:
   FaissIndex(std::unique_ptr<faiss::Index> index, int threads);
+  // Whether the IVF lists are IvfAdc's or hold 4-byte ids (serving form): faiss can neither add
+  // to nor write them.
+  bool ListsRepacked() const;
   // Read with faiss's IO_FLAG_* `io_flags`.
   static absl::StatusOr<std::unique_ptr<FaissIndex>> ReadIndex(ByteReader& in, int threads,
                                                                int io_flags);
