@@ -27,6 +27,9 @@ std::string SubsetSessions::Put(absl::string_view token,
   std::string forward_token = NewSubsetSession();
   absl::MutexLock lock(&mu_);
   if (auto it = by_token_.find(token); it != by_token_.end()) {
+    // The same groups again (a client that sends them with every request) keep their token:
+    // a new one would make every replica keep another copy, evicting other sessions.
+    if (*it->second->kept.groups == *groups) forward_token = it->second->kept.forward_token;
     charged_ -= it->second->charge;
     lru_.erase(it->second);
     by_token_.erase(it);

@@ -47,7 +47,8 @@ class SubsetSessions {
   };
 
   // Keeps `groups` under `token` (replacing what it held), evicting the least recently used
-  // sessions until they fit, and returns the forwarding token it minted for them. Groups larger
+  // sessions until they fit, and returns the forwarding token it minted for them (the one it
+  // had, when the token held equal groups). Groups larger
   // than the whole bound are not kept (a token is still minted).
   std::string Put(absl::string_view token, std::shared_ptr<const SubsetGroups> groups);
   // What is kept under `token` (now the most recently used).

@@ -193,7 +193,7 @@ void RegisterIndexCommands(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   s->add_option("--ef-search", search->params.ef_search, "HNSW efSearch (0: index default)")
-      ->check(CLI::Range(0, 1 << 24))
+      ->check(CLI::Range(0, RequestLimits().max_ef_search))
       ->capture_default_str();
   s->add_option("--shard", search->shard, "one shard only (-1: all, merged)")
       ->check(CLI::Range(-1, 1 << 16))

@@ -40,6 +40,17 @@ absl::StatusOr<int64_t> VerifyIndexDirectory(const std::string& dir) {
   return bytes;
 }
 
+// Removes the index in `dir`: its manifest and every file it lists (other files stay). Left
+// to BuildIndex, a stale index whose manifest was removed would stay beside the new one while
+// it is built, and the files the new one does not reuse would stay for good.
+void RemoveIndex(const std::string& dir) {
+  std::error_code ignored;
+  if (absl::StatusOr<IndexManifest> manifest = ReadManifest(dir); manifest.ok()) {
+    for (const ManifestFile& f : manifest->Files()) fs::remove(Join(dir, f.file), ignored);
+  }
+  fs::remove(Join(dir, kManifestFileName), ignored);
+}
+
 // One step of the pipeline: it produces the file `output` (relative to the directory).
 struct StepSpec {
   std::string name;
@@ -53,6 +64,8 @@ struct StepSpec {
   // The step takes over an output it finds unrecorded when it checks out (the keys steps:
   // keys of the same values, model and dtype), and resumes a partial one.
   bool adopts_output = false;
+  // Removes an output that may not stand (null: removes the file `output`).
+  std::function<void()> remove_output;
 };
 
 // Runs the steps in order, recording each in datastore.json.
@@ -79,7 +92,11 @@ class Pipeline {
       std::fprintf(stderr, "datastore build: %s: made with %s, this run asks for %s: rebuilding\n",
                    name.c_str(), options->second.c_str(), step.options.c_str());
     }
-    const bool verifies = recorded && record->second.file == step.output &&
+    // Hashing an output (keys of hundreds of GB) is skipped where the answer changes nothing:
+    // stale inputs remove it anyway, and so do other options of a step that adopts outputs.
+    const bool worth_verifying =
+        recorded && !stale_inputs && !(other_options && step.adopts_output);
+    const bool verifies = worth_verifying && record->second.file == step.output &&
                           VerifyFile(path, record->second.digest).ok();
     if (!stale_inputs && !other_options && verifies) {
       absl::StatusOr<int64_t> bytes =
@@ -102,7 +119,13 @@ class Pipeline {
     // output that no longer verifies, and a partial output of stale inputs or other options (a
     // partial one is resumed otherwise).
     std::error_code ignored;
-    if (stale_inputs || (recorded && (step.adopts_output || !verifies))) fs::remove(path, ignored);
+    if (stale_inputs || (recorded && (step.adopts_output || !verifies))) {
+      if (step.remove_output) {
+        step.remove_output();
+      } else {
+        fs::remove(path, ignored);
+      }
+    }
     if (stale_inputs || other_options) fs::remove(PartialPath(path), ignored);
     if (step.adopts_output && recorded) {
       // Unrecorded while it runs (after the removals: unrecorded, an output that did not verify
@@ -305,6 +328,7 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
                       sentences ? std::string() : values_path, index, dir);
     };
     step.verify = [&] { return VerifyIndexDirectory(dir); };
+    step.remove_output = [&] { RemoveIndex(dir); };
     RETURN_IF_ERROR(pipeline.Step(step));
   }
   return pipeline.results();

@@ -128,12 +128,12 @@ class RemoteSession : public RetrievalSession {
   // router takes no more data (a stalled router, a setup of ~32k sentence ids).
   absl::StatusOr<Neighbors> Attempt(const v1::StreamRequest& message) {
     const bool opening = stream_ == nullptr;
-    if (opening) {
-      context_ = std::make_unique<grpc::ClientContext>();
-      stream_ = stub_->SearchStream(context_.get());
-    }
-    v1::SearchResponse response;
+    if (opening) context_ = std::make_unique<grpc::ClientContext>();
+    // Armed before the call starts (its start waits for the connection): a cancellation issued
+    // before it is honoured once it starts.
     watchdog_.Arm(context_.get(), options_->step_deadline);
+    if (opening) stream_ = stub_->SearchStream(context_.get());
+    v1::SearchResponse response;
     const bool set_up = !opening || !setup_.has_value() || stream_->Write(*setup_);
     const bool ok = set_up && stream_->Write(message) && stream_->Read(&response);
     const bool timed_out = watchdog_.Disarm();

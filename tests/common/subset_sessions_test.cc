@@ -51,6 +51,14 @@ TEST(SubsetSessions, PutReplacesTheGroupsOfATokenUnderANewForwardingToken) {
   EXPECT_EQ(sessions.charged(), Charge(5));
 }
 
+// Equal groups sent again keep their forwarding token: the replicas keep one copy.
+TEST(SubsetSessions, PutOfEqualGroupsKeepsTheForwardingToken) {
+  SubsetSessions sessions(100);
+  const std::string first = sessions.Put("a", Groups(3));
+  EXPECT_EQ(sessions.Put("a", Groups(3)), first);
+  EXPECT_NE(sessions.Put("b", Groups(3)), first);  // another client token
+}
+
 TEST(SubsetSessions, EvictsTheLeastRecentlyUsedUntilTheIdsFit) {
   SubsetSessions sessions(2 * Charge(4) + 2);
   sessions.Put("a", Groups(4));

@@ -180,6 +180,25 @@ TEST_F(PipelineTest, AValuesRebuildThatComesOutTheSameKeepsTheLaterSteps) {
   EXPECT_EQ(Skipped(again).size(), 5u);
 }
 
+// An index made from keys that were computed again (here in float32) is stale: it goes whole
+// before its rebuild, and no file of it stays beside the new index.
+TEST_F(PipelineTest, AnIndexOfChangedKeysGoesWholeBeforeItsRebuild) {
+  BuildOptions options = Options();
+  options.index.shards = 3;
+  ASSERT_OK(BuildDatastore(options).status());
+  options.keys.fp16 = false;
+  options.index.shards = 2;
+  ASSERT_OK(BuildDatastore(options).status());
+  ASSERT_OK_AND_ASSIGN(const IndexManifest index, ReadManifest(Path("ds/index")));
+  std::vector<std::string> expected = {"manifest.json"};
+  for (const ManifestFile& f : index.Files()) expected.push_back(f.file);
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(Path("ds/index"))) {
+    left.push_back(entry.path().filename().string());
+  }
+  EXPECT_THAT(left, ::testing::UnorderedElementsAreArray(expected));
+}
+
 TEST_F(PipelineTest, ValuesAloneMayNotReplaceTheValuesOfComputedKeys) {
   EXPECT_OK(CheckValuesMayBeWritten(Path("fresh")));
   ASSERT_OK(BuildDatastore(Options()).status());
