@@ -1,6 +1,7 @@
 #include "common/request.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -44,7 +45,7 @@ absl::Status ValidateRowGroups(absl::Span<const int32_t> row_group, int64_t rows
 
 // IEEE values without their sign bit compare as their magnitudes do, NaN and Inf above every
 // finite one: the largest accepted magnitude's bits, and the mask that drops the sign.
-constexpr uint32_t kFp32MaxBits = 0x58800000u;  // 2^50 (kMaxQueryMagnitude)
+constexpr uint32_t kFp32MaxBits = std::bit_cast<uint32_t>(kMaxQueryMagnitude);
 constexpr uint32_t kFp32Magnitude = 0x7fffffffu;
 constexpr uint16_t kFp16MaxBits = 0x7bffu;  // 65504, the largest finite half
 constexpr uint16_t kFp16Magnitude = 0x7fffu;

@@ -72,6 +72,20 @@ ShardRequest MakeShardRequest(SearchQuery* query, bool use_sessions) {
   return {std::move(request), std::move(with_groups)};
 }
 
+// A shard's answer to a query of `rows` rows. A malformed one is the shard's fault, not the
+// caller's (DecodeNeighbors says INVALID_ARGUMENT): INTERNAL, a gap reported or tolerated as such.
+absl::StatusOr<Neighbors> DecodeShardAnswer(const v1::SearchResponse& response, int64_t rows) {
+  absl::StatusOr<Neighbors> neighbors = DecodeNeighbors(response);
+  if (!neighbors.ok()) {
+    return absl::InternalError(absl::StrCat("malformed answer: ", neighbors.status().message()));
+  }
+  if (neighbors->rows != rows) {
+    return absl::InternalError(
+        absl::StrCat("malformed answer: ", neighbors->rows, " rows for a query of ", rows));
+  }
+  return neighbors;
+}
+
 // Whether a shard's failure leaves a gap (reported in Coverage, tolerated with allow_partial)
 // rather than being the caller's fault (then every shard would say the same: pass it on).
 bool IsGap(absl::StatusCode code) {
@@ -128,16 +142,9 @@ class FanOut {
       const v1::ShardInfo& shard = *targets_[i];
       absl::StatusOr<v1::SearchResponse>& result = results_[i];
       if (result.ok()) {
-        // A malformed answer is the shard's fault, not the caller's (DecodeNeighbors says
-        // INVALID_ARGUMENT): a gap, reported or tolerated as such.
-        absl::StatusOr<Neighbors> neighbors = DecodeNeighbors(*result);
-        if (neighbors.ok() && neighbors->rows != rows_) {
-          neighbors = absl::InvalidArgumentError(
-              absl::StrCat(neighbors->rows, " rows for a query of ", rows_));
-        }
+        absl::StatusOr<Neighbors> neighbors = DecodeShardAnswer(*result, rows_);
         if (!neighbors.ok()) {
-          result =
-              absl::InternalError(absl::StrCat("malformed answer: ", neighbors.status().message()));
+          result = neighbors.status();
         } else {
           parts.push_back(*std::move(neighbors));
         }

@@ -40,17 +40,6 @@ absl::StatusOr<int64_t> VerifyIndexDirectory(const std::string& dir) {
   return bytes;
 }
 
-// Removes the index in `dir`: its manifest and every file it lists (other files stay). Left
-// to BuildIndex, a stale index whose manifest was removed would stay beside the new one while
-// it is built, and the files the new one does not reuse would stay for good.
-void RemoveIndex(const std::string& dir) {
-  std::error_code ignored;
-  if (absl::StatusOr<IndexManifest> manifest = ReadManifest(dir); manifest.ok()) {
-    for (const ManifestFile& f : manifest->Files()) fs::remove(Join(dir, f.file), ignored);
-  }
-  fs::remove(Join(dir, kManifestFileName), ignored);
-}
-
 // One step of the pipeline: it produces the file `output` (relative to the directory).
 struct StepSpec {
   std::string name;
@@ -100,7 +89,7 @@ class Pipeline {
                           VerifyFile(path, record->second.digest).ok();
     if (!stale_inputs && !other_options && verifies) {
       absl::StatusOr<int64_t> bytes =
-          step.verify ? step.verify() : absl::StatusOr<int64_t>(manifest_.steps[name].digest.bytes);
+          step.verify ? step.verify() : absl::StatusOr<int64_t>(record->second.digest.bytes);
       if (bytes.ok()) {
         result.skipped = true;
         result.bytes = *bytes;
@@ -328,6 +317,8 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
                       sentences ? std::string() : values_path, index, dir);
     };
     step.verify = [&] { return VerifyIndexDirectory(dir); };
+    // Whole: left to BuildIndex, a stale index whose manifest alone went would stay beside the
+    // new one while it is built, and the files the new one does not reuse would stay for good.
     step.remove_output = [&] { RemoveIndex(dir); };
     RETURN_IF_ERROR(pipeline.Step(step));
   }

@@ -385,9 +385,7 @@ void IvfAdc::SearchRows(MatrixView<const float> queries, MatrixView<const int64_
       }
     }
     std::sort(visits.begin(), visits.end(), [](const ListVisit& a, const ListVisit& b) {
-      return a.list != b.list ? a.list < b.list
-             : a.row != b.row ? a.row < b.row
-                              : a.probe < b.probe;
+      return a.list != b.list ? a.list < b.list : a.row < b.row;
     });
     visits.erase(std::unique(visits.begin(), visits.end(),
                              [](const ListVisit& a, const ListVisit& b) {

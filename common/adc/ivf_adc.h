@@ -74,9 +74,8 @@ class IvfAdc {
 
   // queries: rows x dim() (after the index's transform, if any). probes: rows x nprobe, the
   // coarse lists of each row, nearest first (−1: none; a list named twice is searched once).
-  // Returns rows x k neighbours with local
-  // ids and squared L2 distances, RanksBefore order, missing ones at the end (WorstDistance,
-  // id −1).
+  // Returns rows x k neighbours with local ids and squared L2 distances, RanksBefore order,
+  // missing ones at the end (WorstDistance, id −1).
   absl::StatusOr<Neighbors> Search(MatrixView<const float> queries,
                                    MatrixView<const int64_t> probes, int k) const;
 

@@ -186,6 +186,14 @@ class StagedFiles {
 
 }  // namespace
 
+void RemoveIndex(const std::string& dir) {
+  if (absl::StatusOr<IndexManifest> manifest = ReadManifest(dir); manifest.ok()) {
+    RemoveFilesNoLongerListed(dir, *manifest, IndexManifest());
+  }
+  std::error_code ignored;
+  std::filesystem::remove(std::filesystem::path(dir) / kManifestFileName, ignored);
+}
+
 absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
                                          const std::string& out_dir) {

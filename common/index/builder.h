@@ -32,6 +32,9 @@ struct IndexBuildOptions {
   ProgressBar::Options progress;
 };
 
+// Removes the index in `dir`: its manifest and the files it lists (other files stay).
+void RemoveIndex(const std::string& dir);
+
 // Builds the index of `keys` into `out_dir` (created if missing). `values` may be null; when
 // set it must have valid offsets and keys.rows() tokens (INVALID_ARGUMENT otherwise), and each
 // shard then carries its values and, see subset_m, the subset PQ codes of its sentences.
