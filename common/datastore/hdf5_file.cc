@@ -3,9 +3,12 @@
 #include "common/datastore/hdf5_file.h"
 
 #include <H5Cpp.h>
+#include <stdlib.h>  // on_exit
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -19,6 +22,13 @@ namespace {
 
 using hdf5_internal::Guard;
 using hdf5_internal::HalfType;
+
+// An exit handler: ends the process with its exit status before HDF5's C++ library closes what
+// is still open (its own exit handler, registered when the library was loaded, runs later).
+void ExitBeforeHdf5Closes(int status, void* /*unused*/) {
+  std::fflush(nullptr);
+  std::_Exit(status);
+}
 
 H5::DataType FileType(Hdf5Type type) {
   switch (type) {
@@ -389,8 +399,14 @@ absl::Status Hdf5File::Close() {
   if (!status.ok()) {
     // HDF5 1.10 crashes when a file whose close failed (a write error while flushing its
     // cache, e.g. a full disk) is closed again, as H5File's destructor would: abandon the
-    // handle instead. The file is a .partial or temporary output that is never published.
+    // handle instead. The file is a .partial or temporary output that is never published. The
+    // library would still close it when the process exits, and crash there (SIGSEGV after the
+    // error message, instead of the exit status the caller chose): from now on the process
+    // exits without letting it. on_exit (glibc) hands the handler that status; handlers run
+    // in reverse order of registration, so this one runs before the library's.
     (void)handles_.release();
+    static std::once_flag registered;
+    std::call_once(registered, [] { ::on_exit(ExitBeforeHdf5Closes, nullptr); });
   }
   return status;
 }

@@ -21,6 +21,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/file_size_limit.h"
 #include "tests/testing/temp_dir.h"
 
 namespace knnserve {
@@ -492,6 +493,27 @@ TEST_F(KeysFileTest, AnUnfinishedCreationIsStartedOver) {
   ASSERT_OK_AND_ASSIGN(auto writer, KeysFileWriter::CreateOrResume(path, Spec("m")));
   EXPECT_EQ(writer->resumed_from(), 0);
   EXPECT_FALSE(std::filesystem::exists(PartialPath(path) + ".new"));
+}
+
+// A disk that fills while HDF5 writes leaves a file whose close fails. HDF5 1.10 crashes when
+// such a file is closed again, as its C++ library does at exit: the process must still end with
+// the code it chose.
+using Hdf5FileDeathTest = testing::TempDirTest;
+
+TEST_F(Hdf5FileDeathTest, AProcessWhoseCloseFailedExitsWithItsOwnCode) {
+  const std::string path = Path("full.h5");
+  EXPECT_EXIT(
+      {
+        testing::FileSizeLimit limit(64 << 10);
+        auto file = Hdf5File::Open(path, Hdf5File::Mode::kCreate);
+        if (!file.ok()) std::_Exit(1);
+        if (!(*file)->CreateVector("tokens", Hdf5Type::kInt32, 1 << 16, false).ok()) std::_Exit(1);
+        const std::vector<int32_t> tokens(1 << 20, 7);
+        const absl::Status written = (*file)->AppendInt32("tokens", tokens);
+        const absl::Status closed = (*file)->Close();
+        std::exit(!written.ok() && !closed.ok() ? 3 : 1);
+      },
+      ::testing::ExitedWithCode(3), "");
 }
 
 }  // namespace
