@@ -20,7 +20,7 @@
 #   7. translate test.tsv three ways, score with `knnserve evaluate`, print the table and five
 #      sentences where kNN-MT changed the translation; stop the servers
 #
-# Environment: BUILD (default build), DEMO_DIR (runs/knn-demo), DEMO_SENTENCES (test sentences,
+# Environment: BUILD (default $KNNSERVE_BUILD_DIR, else build), DEMO_DIR (runs/knn-demo), DEMO_SENTENCES (test sentences,
 # default all 1000), THREADS (2), REMOTE_THREADS (decoder threads of kNN-MT through the router,
 # default THREADS), SERVER_NICE (the servers' niceness, 19: the decoder on this machine goes
 # first), BEAM (5), BATCH (64), PORT (router port, 6400).
@@ -36,7 +36,8 @@ for arg in "$@"; do
   esac
 done
 
-BUILD=${BUILD:-build}
+BUILD=${BUILD:-${KNNSERVE_BUILD_DIR:-build}}
+export KNNSERVE_BUILD_DIR=$BUILD  # where scripts/setup.sh builds
 DEMO_DIR=${DEMO_DIR:-runs/knn-demo}
 THREADS=${THREADS:-2}
 REMOTE_THREADS=${REMOTE_THREADS:-$THREADS}

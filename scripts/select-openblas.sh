@@ -11,7 +11,8 @@ as_root() {
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 for lib in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
   alt=/usr/lib/${arch}/openblas-openmp/${lib}
-  if [[ -e $alt ]]; then
+  # Only when it changes anything: a user without root then needs no sudo on every run.
+  if [[ -e $alt && $(readlink -f "/etc/alternatives/${lib}-${arch}") != "$(readlink -f "$alt")" ]]; then
     as_root update-alternatives --set "${lib}-${arch}" "$alt" >/dev/null
   fi
 done

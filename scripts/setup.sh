@@ -50,9 +50,11 @@ build() {
   fi
   # shellcheck disable=SC2086
   # Defaults first so that KNNSERVE_CMAKE_ARGS overrides them, and a build directory configured
-  # earlier with other options is brought back to the full build.
+  # earlier with other options (CMake keeps them in its cache) is brought back to the full
+  # build: tests and benchmarks on, no sanitizer, no CUDA.
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKNNSERVE_WITH_TORCH=ON \
-    "${launcher[@]}" ${KNNSERVE_CMAKE_ARGS:-}
+    -DKNNSERVE_BUILD_TESTS=ON -DKNNSERVE_BUILD_BENCHMARKS=ON -DKNNSERVE_SANITIZE= \
+    -DKNNSERVE_WITH_CUDA=OFF "${launcher[@]}" ${KNNSERVE_CMAKE_ARGS:-}
   cmake --build "$build_dir" -j "$jobs"
   echo "setup: built into $build_dir/ (executables in $build_dir/bin/)"
 }

@@ -11,8 +11,10 @@ What it writes (one multi-document YAML; docs/deploy.md explains each choice):
   * Service <name>-shard: headless, gives each shard pod that name;
   * StatefulSet <name>-shard-<S> for each shard s: its R replicas, pod <name>-shard-3-1 is
     replica 1 of shard 3; a PodDisruptionBudget per shard (one replica evicted at a time);
-  * Deployment <name>-router and Service <name>-router (the address decoders call);
-  * with --build-job: a Job that runs `knnserve datastore build` into the volume.
+  * Deployment <name>-router and Service <name>-router (the address decoders call), with a
+    PodDisruptionBudget (one router evicted at a time);
+  * with --build-job, instead of all the above: a Job that runs `knnserve datastore build` into
+    the volume, to apply alone and let finish before the shards start.
 The index directory is read from a PersistentVolumeClaim (--index-claim, mounted read-only at
 /data, the index at /data/<--index-path>), which the cluster must provide with the index in it.
 """
@@ -69,9 +71,16 @@ def parse_args(argv):
                    help="more knnserve-shard flags, split as a shell would (\"--batch-threads 2\")")
     p.add_argument("--router-arg", action="append", default=[],
                    help="more knnserve-router flags, split as a shell would (\"--timeout-ms 500\")")
+    p.add_argument("--tcp-probes", action="store_true",
+                   help="probe the servers' ports over TCP instead of grpc.health.v1, which "
+                        "Kubernetes speaks in plaintext only (the default when --shard-arg or "
+                        "--router-arg passes --tls-cert)")
     p.add_argument("--build-job", action="store_true",
-                   help="also render a Job that builds the datastore and its index into the "
-                        "claim (which must then be writable: ReadWriteOnce or ReadWriteMany)")
+                   help="render only a Job that builds the datastore and its index into the "
+                        "claim (which must then be writable: ReadWriteOnce or ReadWriteMany); "
+                        "apply it alone and let it finish before the serving manifests")
+    p.add_argument("--build-cpu", type=int, default=4,
+                   help="--build-job: CPU request of the build, and its --threads (default 4)")
     p.add_argument("--corpus", default="corpus/datastore.tsv",
                    help="--build-job: the parallel corpus (TSV) inside the claim")
     p.add_argument("--model", default="model/model.pt",
@@ -93,6 +102,10 @@ def parse_args(argv):
         p.error(f"--drain-seconds must be >= 0, got {args.drain_seconds}")
     if args.shard_threads < 0:
         p.error(f"--shard-threads must be >= 0, got {args.shard_threads}")
+    if args.build_cpu < 1:
+        p.error(f"--build-cpu must be at least 1, got {args.build_cpu}")
+    if any("--tls-cert" in shlex.split(arg) for arg in args.shard_arg + args.router_arg):
+        args.tcp_probes = True
     if args.shard_threads == 0:
         args.shard_threads = max(1, -(-cpu_millis(args.shard_cpu, p) // 1000))
     for flag in ("name", "namespace"):
@@ -149,12 +162,33 @@ def shard_map(args):
     return "\n".join(lines) + "\n"
 
 
-def grpc_probe(port, **timing):
+def tcp_probe(port_name, **timing):
+    return {"tcpSocket": {"port": port_name}, **timing}
+
+
+def health_probe(args, port, **timing):
+    """A probe of grpc.health.v1 on `port`; with --tcp-probes (TLS) only whether it listens."""
+    if args.tcp_probes:
+        return tcp_probe("grpc", **timing)
     return {"grpc": {"port": port}, **timing}
 
 
-def tcp_probe(port_name, **timing):
-    return {"tcpSocket": {"port": port_name}, **timing}
+def spread_over_nodes(pod_labels):
+    """Pods with these labels prefer different nodes: one node's loss takes one of them."""
+    return {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": pod_labels}}}]}}
+
+
+def disruption_budget(args, name, component, pod_labels, **extra):
+    """Voluntary evictions (a node drain) take one of these pods at a time."""
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": meta(args, name, component, **extra),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pod_labels}},
+    }
 
 
 def server_ports(grpc_port):
@@ -207,10 +241,10 @@ def shard_statefulset(args, shard):
         "resources": resources,
         # NOT_SERVING until the shard is loaded, its SHA-256 verified and a warm-up search run:
         # the startup probe gives that up to 30 minutes, then readiness takes over.
-        "startupProbe": grpc_probe(GRPC_PORT, periodSeconds=10, failureThreshold=180),
-        "readinessProbe": grpc_probe(GRPC_PORT, periodSeconds=5, failureThreshold=2),
-        "livenessProbe": grpc_probe(GRPC_PORT, periodSeconds=20, failureThreshold=3,
-                                    timeoutSeconds=5),
+        "startupProbe": health_probe(args, GRPC_PORT, periodSeconds=10, failureThreshold=180),
+        "readinessProbe": health_probe(args, GRPC_PORT, periodSeconds=5, failureThreshold=2),
+        "livenessProbe": health_probe(args, GRPC_PORT, periodSeconds=20, failureThreshold=3,
+                                      timeoutSeconds=5),
     }
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -227,13 +261,7 @@ def shard_statefulset(args, shard):
                 "spec": {
                     # SIGTERM drains (no new calls, those in flight finish): give it the time.
                     "terminationGracePeriodSeconds": args.drain_seconds + 15,
-                    # A shard's replicas on different nodes: one node's loss takes one replica.
-                    "affinity": {"podAntiAffinity": {
-                        "preferredDuringSchedulingIgnoredDuringExecution": [{
-                            "weight": 100,
-                            "podAffinityTerm": {
-                                "topologyKey": "kubernetes.io/hostname",
-                                "labelSelector": {"matchLabels": pod_labels}}}]}},
+                    "affinity": spread_over_nodes(pod_labels),
                     "containers": [container],
                     "volumes": [data_volume(args, read_only=True)],
                 },
@@ -243,13 +271,9 @@ def shard_statefulset(args, shard):
 
 
 def shard_disruption_budget(args, shard):
-    """Voluntary evictions (a node drain) take one replica of a shard at a time."""
-    return {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": meta(args, f"{shard_set_name(args, shard)}-budget", "shard",
-                         **{"knnserve.io/shard": str(shard)}),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": shard_labels(args, shard)}},
-    }
+    """One replica of a shard evicted at a time (with one replica, that is the shard: warned)."""
+    return disruption_budget(args, f"{shard_set_name(args, shard)}-budget", "shard",
+                             shard_labels(args, shard), **{"knnserve.io/shard": str(shard)})
 
 
 def shard_service(args):
@@ -292,7 +316,7 @@ def router_deployment(args):
         # load). From then on it stays ready while it runs: a shard down is answered with
         # UNAVAILABLE naming it, or a partial answer with its Coverage, where a router taken
         # out of the Service would refuse the connection. Alive is not healthy either.
-        "startupProbe": grpc_probe(ROUTER_PORT, periodSeconds=10, failureThreshold=180),
+        "startupProbe": health_probe(args, ROUTER_PORT, periodSeconds=10, failureThreshold=180),
         "readinessProbe": tcp_probe("grpc", periodSeconds=5, failureThreshold=2),
         "livenessProbe": tcp_probe("grpc", periodSeconds=20, failureThreshold=3),
         # The Service takes a few seconds to stop sending a terminating pod connections: the
@@ -314,6 +338,7 @@ def router_deployment(args):
                 },
                 "spec": {
                     "terminationGracePeriodSeconds": PRE_STOP_SECONDS + args.drain_seconds + 15,
+                    "affinity": spread_over_nodes(pod_labels),
                     "containers": [container],
                     "volumes": [{"name": "shard-map",
                                  "configMap": {"name": f"{args.name}-shard-map"}}],
@@ -340,7 +365,8 @@ def build_job(args):
     datastore = f"{DATA_MOUNT}/{args.index_path[:-len('/index')]}"
     command = ["knnserve", "datastore", "build",
                "--corpus", f"{DATA_MOUNT}/{args.corpus}", "--model", f"{DATA_MOUNT}/{args.model}",
-               "--out", datastore, "--factory", args.factory, "--shards", str(args.shards)]
+               "--out", datastore, "--factory", args.factory, "--shards", str(args.shards),
+               "--threads", str(args.build_cpu)]
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": meta(args, f"{args.name}-datastore-build", "build"),
@@ -356,7 +382,8 @@ def build_job(args):
                         "name": "build", "image": args.cli_image, "command": command,
                         "env": [{"name": "OMP_WAIT_POLICY", "value": "PASSIVE"}],
                         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}],
-                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}},
+                        "resources": {"requests": {"cpu": str(args.build_cpu),
+                                                   "memory": "16Gi"}},
                     }],
                     "volumes": [data_volume(args, read_only=False)],
                 },
@@ -382,20 +409,30 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def render(args):
-    docs = [shard_map_configmap(args), shard_service(args)]
-    for shard in range(args.shards):
-        docs += [shard_statefulset(args, shard), shard_disruption_budget(args, shard)]
-    docs += [router_deployment(args), router_service(args)]
     if args.build_job:
-        docs.append(build_job(args))
-    header = ("# knnserve on Kubernetes, rendered by deploy/kubernetes/render.py "
-              f"({args.shards} shards x {args.replicas} replicas, {args.routers} routers).\n"
-              "# Regenerate rather than edit; docs/deploy.md explains the choices.\n")
+        docs = [build_job(args)]
+        header = ("# knnserve's datastore build Job, rendered by deploy/kubernetes/render.py: "
+                  "apply it alone\n# and let it finish before the serving manifests.\n")
+    else:
+        docs = [shard_map_configmap(args), shard_service(args)]
+        for shard in range(args.shards):
+            docs += [shard_statefulset(args, shard), shard_disruption_budget(args, shard)]
+        docs += [router_deployment(args), router_service(args),
+                 disruption_budget(args, f"{args.name}-router-budget", "router",
+                                   labels(args, "router"))]
+        header = ("# knnserve on Kubernetes, rendered by deploy/kubernetes/render.py "
+                  f"({args.shards} shards x {args.replicas} replicas, {args.routers} routers).\n"
+                  "# Regenerate rather than edit; docs/deploy.md explains the choices.\n")
     return header + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=100)
 
 
 def main(argv):
-    sys.stdout.write(render(parse_args(argv)))
+    args = parse_args(argv)
+    if args.replicas == 1 and not args.build_job:
+        print("render.py: --replicas 1: a node drain or a lost node takes a whole shard down "
+              "(its disruption budget allows evicting its only replica); serve with 2 or more",
+              file=sys.stderr)
+    sys.stdout.write(render(args))
 
 
 if __name__ == "__main__":

@@ -41,17 +41,25 @@ if [[ ! $niceness =~ ^-?[0-9]+$ ]]; then
   exit 2
 fi
 [[ -f $index_dir/manifest.json ]] || { echo "up.sh: $index_dir/manifest.json not found" >&2; exit 1; }
+source "$repo/deploy/local/processes.sh"
 if [[ -s $run_dir/pids ]]; then
-  echo "up.sh: $run_dir/pids exists: a cluster is running (deploy/local/down.sh -d $run_dir)" >&2
-  exit 1
+  while read -r pid start; do
+    if still_running "$pid" "$start"; then
+      echo "up.sh: a cluster is running from $run_dir (deploy/local/down.sh -d $run_dir)" >&2
+      exit 1
+    fi
+  done < "$run_dir/pids"
+  echo "up.sh: $run_dir/pids lists no running server (left by a cluster that ended): starting over" >&2
 fi
 shards=$(/usr/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["shards"]))' \
   "$index_dir/manifest.json")
 mkdir -p "$run_dir/logs"
 : > "$run_dir/pids"
+# Until every server serves, a failure or an interruption stops the ones already started.
+trap '"$repo/deploy/local/down.sh" -d "$run_dir" >&2 || true' EXIT
 : > "$run_dir/shards.txt"
 
-logs=()
+logs=(); pids=()
 for ((s = 0; s < shards; s++)); do
   line="$s"
   for ((r = 0; r < replicas; r++)); do
@@ -60,7 +68,8 @@ for ((s = 0; s < shards; s++)); do
     nice -n "$niceness" "$bin/knnserve-shard" --index "$index_dir" --shard "$s" \
       --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$((port + 1))" \
       "${shard_flags[@]}" > "$log" 2>&1 &
-    echo $! >> "$run_dir/pids"
+    record_process $! "$run_dir/pids"
+    pids+=($!)
     logs+=("$log")
     line="$line 127.0.0.1:$port"
   done
@@ -70,20 +79,25 @@ router_log=$run_dir/logs/router.log
 nice -n "$niceness" "$bin/knnserve-router" --shards "$run_dir/shards.txt" \
   --listen "127.0.0.1:$base_port" --metrics-listen "127.0.0.1:$((base_port + 1))" \
   "${router_flags[@]}" > "$router_log" 2>&1 &
-echo $! >> "$run_dir/pids"
+record_process $! "$run_dir/pids"
+pids+=($!)
 logs+=("$router_log")
 
-# Every process logs {"msg":"serving"} once it serves (the router once every shard answers).
+# Every process logs {"msg":"serving"} once it serves (the router once every shard answers). One
+# that exited (a bad flag, a crash) or logged an error will not.
 deadline=$((SECONDS + ${KNNSERVE_UP_TIMEOUT:-600}))
-for log in "${logs[@]}"; do
+for i in "${!logs[@]}"; do
+  log=${logs[i]}
   until grep -q '"msg":"serving"' "$log"; do
-    if ((SECONDS > deadline)) || grep -q '"level":"error"' "$log"; then
+    if ! kill -0 "${pids[i]}" 2>/dev/null || grep -q '"level":"error"' "$log" ||
+      ((SECONDS > deadline)); then
+      kill -0 "${pids[i]}" 2>/dev/null || echo "up.sh: process ${pids[i]} exited" >&2
       echo "up.sh: not serving: $log" >&2
       tail -5 "$log" >&2
-      "$repo/deploy/local/down.sh" -d "$run_dir" >&2 || true
       exit 1
     fi
     sleep 0.2
   done
 done
+trap - EXIT
 echo "127.0.0.1:$base_port"

@@ -409,6 +409,35 @@ TEST(ProcessTest, LocalUpAndDownScripts) {
       0);
 }
 
+// up.sh gives up as soon as a server exits (here: a flag it does not know), instead of waiting
+// for a "serving" line until its timeout, and stops the servers it started.
+TEST(ProcessTest, LocalUpFailsAtOnceWhenAServerExits) {
+  const std::string dir = BuildIndexDir("up_exit", "Flat", 2);
+  const std::string run_dir = absl::StrCat(dir, "/run");
+  const std::string out = absl::StrCat(dir, "/up.out");
+  const std::string up = absl::StrCat(
+      "KNNSERVE_BIN=", KNNSERVE_BIN_DIR, " KNNSERVE_UP_TIMEOUT=600 timeout 60 deploy/local/up.sh ",
+      dir, " -p 16320 -s --no-such-flag -d ", run_dir, " > ", out, " 2>&1");
+  const int status = std::system(up.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1) << ReadFile(out);  // 124: timeout(1) ended it
+  EXPECT_THAT(ReadFile(out), ::testing::HasSubstr("exited"));
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/pids"));
+}
+
+// A pids file outlives its cluster (a reboot, a killed script); by then a listed PID may name
+// another process. down.sh signals only processes whose start time is the one recorded: were it
+// to signal this test's own PID, listed with another start time, the test would die.
+TEST(ProcessTest, LocalDownLeavesAProcessThatReusedAListedPid) {
+  const std::string run_dir = testing::FreshTempDir("down_stale").string();
+  std::ofstream(run_dir + "/pids") << ::getpid() << " 1\n";
+  const std::string down = absl::StrCat("timeout 30 deploy/local/down.sh -d ", run_dir, " > ",
+                                        run_dir, "/down.out 2>&1");
+  EXPECT_EQ(std::system(down.c_str()), 0) << ReadFile(run_dir + "/down.out");
+  EXPECT_THAT(ReadFile(run_dir + "/down.out"), ::testing::HasSubstr("stopped 0 processes"));
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/pids"));
+}
+
 // The pods of deploy/kubernetes/render.py's manifests (2 shards x 2 replicas and a router), run
 // here as tests/deploy/local_pods.py plans them: the manifests pass its checks, the router
 // reaches every replica through the shard map's pod names, the answers equal the unsharded
@@ -517,6 +546,20 @@ TEST(KubernetesManifests, ChecksRefuseAPodListedForAnotherShard) {
       ::testing::HasSubstr("knnserve-shard-1-0.knnserve-shard.ns.svc.cluster.local:7000 is a "
                            "pod of knnserve-shard-1, which serves shard 1, listed for "
                            "shard 0"));
+}
+
+// Kubernetes' gRPC probes speak plaintext: servers given --tls-cert are probed over TCP. The
+// build Job renders alone (applied before the shards, not with them).
+TEST(KubernetesManifests, TlsServersGetTcpProbesAndTheBuildJobRendersAlone) {
+  if (std::system("/usr/bin/python3 -c 'import yaml' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-yaml is not installed";
+  }
+  const std::string out = testing::FreshTempDir("k8s_tls").string() + "/out.txt";
+  EXPECT_EQ(std::system(absl::StrCat("/usr/bin/python3 tests/deploy/render_probes_and_job.py > ",
+                                     out, " 2>&1")
+                            .c_str()),
+            0)
+      << ReadFile(out);
 }
 
 // deploy/kubernetes/example.yaml is what render.py writes for its parameters (regenerate it
