@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,7 +15,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -22,6 +23,11 @@
 
 namespace knnserve {
 namespace {
+
+constexpr absl::string_view kTemporarySuffix = ".knnserve-tmp.";
+
+// Whether process `pid` exists (EPERM: it does, another user's).
+bool ProcessRuns(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
   const int err = errno;
@@ -97,7 +103,7 @@ absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(std::
     if (fd < 0) return ErrnoError("cannot open", path);
     return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(std::move(path), "", fd));
   }
-  std::string temp_path = absl::StrCat(path, ".tmp.", ::getpid());
+  std::string temp_path = TemporaryPath(path);
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", temp_path);
   return std::unique_ptr<AtomicFileWriter>(
@@ -214,20 +220,26 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std:
 
 DirectoryLock::~DirectoryLock() { ::close(fd_); }
 
+std::string TemporaryPath(absl::string_view path) {
+  return absl::StrCat(path, kTemporarySuffix, ::getpid());
+}
+
 int DirectoryLock::RemoveDebris() const {
-  const std::string own = absl::StrCat(::getpid());
   int removed = 0;
   std::error_code error;
   for (auto it = std::filesystem::recursive_directory_iterator(dir_, error);
        !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (it.depth() == 0 && it->is_directory(error)) continue;  // searched, not descended
+    if (it.depth() > 0) it.disable_recursion_pending();
     if (!it->is_regular_file(error)) continue;
     const std::string name = it->path().filename().string();
-    const size_t dot = name.rfind('.');
-    if (dot == std::string::npos || dot + 1 == name.size()) continue;
-    const std::string pid = name.substr(dot + 1);
-    if (pid == own || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stem = name.substr(0, dot);
-    if (!absl::EndsWith(stem, ".tmp") && !absl::EndsWith(stem, ".spill")) continue;
+    const size_t suffix = absl::string_view(name).rfind(kTemporarySuffix);
+    if (suffix == std::string::npos) continue;
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(absl::string_view(name).substr(suffix + kTemporarySuffix.size()), &pid) ||
+        pid <= 0 || ProcessRuns(pid)) {
+      continue;
+    }
     std::error_code ignored;
     if (std::filesystem::remove(it->path(), ignored)) ++removed;
   }

@@ -55,10 +55,11 @@ class DirectoryLock {
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
 
-  // Removes what writers killed in the directory left behind (a spill file holds 8 bytes per
-  // corpus token, a shard's temporary its whole size): files named NAME.tmp.PID and
-  // NAME.spill.PID of another process, in the directory and in its subdirectories. Holding the
-  // lock, no other writer's files can be among them. Returns how many were removed.
+  // Removes what killed writers left behind (a spill file holds 8 bytes per corpus token, a
+  // shard's temporary its whole size): files named as TemporaryPath names them, of a process
+  // that no longer runs, in the directory and its immediate subdirectories (an index's). Only
+  // that suffix is ours; a writer still running (a build that takes no lock) keeps its files.
+  // Returns how many were removed.
   int RemoveDebris() const;
 
  private:
@@ -67,7 +68,11 @@ class DirectoryLock {
   const int fd_;
 };
 
-// Writes a file atomically: Append() goes to "<path>.tmp.<pid>", Commit() fsyncs it, renames it
+// "<path>.knnserve-tmp.<pid of this process>": where this process writes `path` before it
+// publishes it (renames it to `path`). The suffix tells these files from anyone else's.
+std::string TemporaryPath(absl::string_view path);
+
+// Writes a file atomically: Append() goes to TemporaryPath(path), Commit() fsyncs it, renames it
 // to `path` and fsyncs the directory. Destroying an uncommitted writer removes the temporary
 // file. A `path` that exists and is not a regular file (a device such as /dev/null or /dev/full,
 // a FIFO) is written in place instead: renaming over it would replace it with a file. A

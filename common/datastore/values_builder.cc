@@ -416,7 +416,7 @@ absl::StatusOr<ValuesReport> BuildValues(const ValuesBuildOptions& options,
   ASSIGN_OR_RETURN(const FileDigest corpus, DigestFile(options.corpus_path));
   const std::string partial = PartialPath(options.out_path);
   ASSIGN_OR_RETURN(std::unique_ptr<SpillFile> spill,
-                   SpillFile::Create(absl::StrCat(options.out_path, ".spill.", ::getpid())));
+                   SpillFile::Create(TemporaryPath(options.out_path + ".spill")));
   ASSIGN_OR_RETURN(Pass1 pass, ReadCorpus(options, tokenize, *spill));
   if (pass.records.empty()) {
     return absl::InvalidArgumentError(

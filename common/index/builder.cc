@@ -147,7 +147,7 @@ absl::StatusOr<FileDigest> WriteShardValues(const ValueSource& values, const Sha
   return out->Commit();
 }
 
-// The files of one build, written under staged names ("<file>.tmp.<pid>": what a killed build
+// The files of one build, written under staged names (TemporaryPath: what a killed build
 // leaves is debris that DirectoryLock removes) and renamed to their own names only once every
 // one is written: a build that fails before (a full disk, an unreadable key) leaves the index it
 // would replace whole, loadable and recorded. Staged files not published are removed.
@@ -176,9 +176,7 @@ class StagedFiles {
 
  private:
   std::string Final(const std::string& file) const { return absl::StrCat(dir_, "/", file); }
-  std::string Staged(const std::string& file) const {
-    return absl::StrCat(Final(file), ".tmp.", ::getpid());
-  }
+  std::string Staged(const std::string& file) const { return TemporaryPath(Final(file)); }
 
   const std::string dir_;
   std::vector<std::string> files_;  // staged, not yet published

@@ -1,4 +1,5 @@
 // Atomic files, SHA-256, the HDF5 datastore adapter and building from HDF5.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -105,25 +106,42 @@ TEST(Files, ADirectoryLockIsHeldByOneHolderAtATime) {
   EXPECT_THAT(DirectoryLock::Acquire(dir), IsOk());
 }
 
-// What killed writers left (temporaries and spill files of other processes) goes; files of
-// this process and other files stay.
+// The pid of a process that has ended.
+pid_t EndedProcess() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+// What killed writers left (their temporaries, in the directory and an index's subdirectory)
+// goes. Files of a process still running (this one, or an index build, which takes no lock),
+// files not named as knnserve names its temporaries, and anything deeper stay.
 TEST(Files, ADirectoryLockRemovesTheDebrisOfKilledWriters) {
   const std::string dir = FreshTempDir("debris").string();
-  std::filesystem::create_directories(dir + "/index");
+  std::filesystem::create_directories(dir + "/index/deeper");
+  const std::string ended = std::to_string(EndedProcess());
   const std::string own = std::to_string(::getpid());
-  for (const std::string& name : std::vector<std::string>{
-           "values.h5.spill.1", "index/shard-00001.faiss.tmp.2", "keys.h5.tmp.3",  // debris
-           "values.h5.spill." + own, "notes.tmp", "keys.h5", "index/shard-00000.faiss",
-           "run.tmp.log"}) {
-    std::ofstream(dir + "/" + name) << "x";
+  const std::vector<std::string> debris = {"values.h5.spill.knnserve-tmp." + ended,
+                                           "index/shard-00001.faiss.knnserve-tmp." + ended,
+                                           "keys.h5.knnserve-tmp." + ended};
+  const std::vector<std::string> kept = {"values.h5.spill.knnserve-tmp." + own,
+                                         "index/manifest.json.knnserve-tmp.1",  // init runs
+                                         "index/deeper/x.knnserve-tmp." + ended,
+                                         "report.tmp." + ended,
+                                         "notes.tmp",
+                                         "keys.h5",
+                                         "index/shard-00000.faiss"};
+  for (const std::vector<std::string>* names : {&debris, &kept}) {
+    for (const std::string& name : *names) std::ofstream(dir + "/" + name) << "x";
   }
   ASSERT_OK_AND_ASSIGN(auto lock, DirectoryLock::Acquire(dir));
   EXPECT_EQ(lock->RemoveDebris(), 3);
-  EXPECT_FALSE(std::filesystem::exists(dir + "/index/shard-00001.faiss.tmp.2"));
-  for (const std::string& kept :
-       {"values.h5.spill." + own, std::string("notes.tmp"), std::string("keys.h5"),
-        std::string("index/shard-00000.faiss"), std::string("run.tmp.log")}) {
-    EXPECT_TRUE(std::filesystem::exists(dir + "/" + kept)) << kept;
+  for (const std::string& name : debris) {
+    EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
+  }
+  for (const std::string& name : kept) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + name)) << name;
   }
 }
 
