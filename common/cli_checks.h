@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 
 namespace knnserve {
 
@@ -26,23 +27,13 @@ inline CLI::Validator FiniteRange(double min, double max) {
       absl::StrCat("FLOAT in [", min, " - ", max, "]"));
 }
 
-// host:port (or :port) with a port in [0, 65535] (gRPC itself takes larger ports modulo 65536);
-// also a gRPC unix: or unix-abstract: socket, a target URI (dns:///host[:port]), or empty
-// (the flag's "off").
+// An address to listen on (CheckAddress, port 0: any free one), or empty (the flag's "off").
 inline CLI::Validator HostPort() {
   return CLI::Validator(
       [](std::string& input) -> std::string {
-        if (input.empty() || input.rfind("unix:", 0) == 0 ||
-            input.rfind("unix-abstract:", 0) == 0 || input.find(":///") != std::string::npos) {
-          return "";
-        }
-        const size_t colon = input.rfind(':');
-        int port = -1;
-        if (colon == std::string::npos || !absl::SimpleAtoi(input.substr(colon + 1), &port) ||
-            port < 0 || port > 65535) {
-          return absl::StrCat("'", input, "' is not host:port with a port in [0, 65535]");
-        }
-        return "";
+        if (input.empty()) return "";
+        const absl::Status status = CheckAddress(input, /*min_port=*/0);
+        return status.ok() ? "" : std::string(status.message());
       },
       "HOST:PORT");
 }

@@ -199,6 +199,31 @@ absl::Status CheckRoomFor(const std::string& path, int64_t final_bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDistinctFiles(absl::Span<const NamedPath> paths) {
+  for (size_t i = 0; i < paths.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const NamedPath& a = paths[j];
+      const NamedPath& b = paths[i];
+      if (a.path.empty() || a.path == "-" || b.path.empty() || b.path == "-") continue;
+      std::error_code error;
+      const std::filesystem::file_status status = std::filesystem::status(a.path, error);
+      // Devices (/dev/null) may take several streams; only files are overwritten.
+      if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+        continue;
+      }
+      const bool same_file = std::filesystem::equivalent(a.path, b.path, error) && !error;
+      const bool same_path = std::filesystem::weakly_canonical(a.path, error) ==
+                                 std::filesystem::weakly_canonical(b.path, error) &&
+                             !error;
+      if (same_file || same_path) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(a.flag, " ", a.path, " and ", b.flag, " ", b.path, " name the same file"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace knnserve {
 
@@ -115,6 +116,16 @@ absl::Status PublishFile(const std::string& temp_path, const std::string& final_
 // size limit (RLIMIT_FSIZE). Lets a long step fail before its work, with a clear message, rather
 // than on a full disk midway.
 absl::Status CheckRoomFor(const std::string& path, int64_t final_bytes);
+
+// A file a command reads or writes, named by the flag that gave it.
+struct NamedPath {
+  absl::string_view flag;
+  std::string path;  // empty or "-" (stdin, stdout): none
+};
+// INVALID_ARGUMENT naming both flags when two of `paths` name the same file (the same path
+// after resolving links and "..", or two names of one existing file): a command would then
+// overwrite what it reads, or publish one output over another.
+absl::Status CheckDistinctFiles(absl::Span<const NamedPath> paths);
 
 // Size and SHA-256 of a file, streamed in 4 MiB blocks (files too large to read whole).
 absl::StatusOr<FileDigest> DigestFile(const std::string& path);

@@ -199,6 +199,10 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   if (!request.has_queries()) return absl::InvalidArgumentError("queries: missing");
   RETURN_IF_ERROR(ValidateQueryShape(request.queries(), shape, limits));
   RETURN_IF_ERROR(ValidateParams(request.params(), limits));
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: ", request.request_id().size(),
+                                                   " bytes; at most ", kMaxRequestIdBytes));
+  }
   if (request.subset_session().size() > kMaxSubsetSessionBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("subset_session: ", request.subset_session().size(), " bytes; at most ",

@@ -107,6 +107,8 @@ inline constexpr absl::string_view kShardOverloaded = "shard overloaded";
 
 // The longest subset_session token accepted.
 inline constexpr size_t kMaxSubsetSessionBytes = 64;
+// The longest request_id accepted (it is forwarded to every shard and echoed in the answer).
+inline constexpr size_t kMaxRequestIdBytes = 256;
 
 // Validates and decodes `request` (its queries to fp32, or copied packed: see QueryForm). A
 // request without subset groups of its own searches those kept under its subset_session token,

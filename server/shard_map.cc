@@ -1,5 +1,6 @@
 #include "server/shard_map.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/address.h"
 
 namespace knnserve {
 
@@ -35,7 +37,17 @@ absl::StatusOr<ShardMap> ParseShardMap(absl::string_view text, absl::string_view
       return absl::InvalidArgumentError(
           absl::StrCat(where, "shard ", shard_id, " is listed twice"));
     }
-    for (size_t i = 1; i < fields.size(); ++i) it->second.emplace_back(fields[i]);
+    for (size_t i = 1; i < fields.size(); ++i) {
+      if (absl::Status status = CheckAddress(fields[i], /*min_port=*/1); !status.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "shard ", shard_id, ": ", status.message()));
+      }
+      if (std::find(it->second.begin(), it->second.end(), fields[i]) != it->second.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "shard ", shard_id, " lists replica ", fields[i], " twice"));
+      }
+      it->second.emplace_back(fields[i]);
+    }
   }
   if (map.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": no shards"));

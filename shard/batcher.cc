@@ -70,6 +70,18 @@ Batcher::~Batcher() {
   for (std::thread& worker : workers_) worker.join();
 }
 
+int64_t QueuedBytes(const SearchQuery& query) {
+  int64_t ids = 0;
+  if (query.declares_groups) {
+    for (const std::vector<int64_t>& group : *query.subset_groups) {
+      ids += static_cast<int64_t>(group.size());
+    }
+  }
+  constexpr int64_t kAnswerBytes = sizeof(float) + sizeof(int64_t) + sizeof(int32_t);
+  return query.queries.size() * static_cast<int64_t>(sizeof(float)) +
+         ids * static_cast<int64_t>(sizeof(int64_t)) + query.rows() * query.params.k * kAnswerBytes;
+}
+
 void Batcher::Submit(SearchCall call, EngineDone done) {
   {
     absl::ReleasableMutexLock lock(&mu_);
@@ -79,7 +91,7 @@ void Batcher::Submit(SearchCall call, EngineDone done) {
       return;
     }
     if (!RunsInline(call.query)) {
-      const int64_t bytes = call.query.queries.size() * static_cast<int64_t>(sizeof(float));
+      const int64_t bytes = QueuedBytes(call.query);
       if (!queue_.empty() && queued_bytes_ + bytes > options_.max_queued_bytes) {
         const absl::Status overloaded = absl::UnavailableError(absl::StrCat(
             kShardOverloaded, ": ", queued_bytes_ >> 20, " MiB of queries already wait (at most ",

@@ -40,14 +40,21 @@ struct BatcherOptions {
   // thread switches, a large share of a small step. Kept short because the submitting thread
   // is a gRPC callback thread. Zero: never.
   absl::Duration inline_budget = absl::Milliseconds(2);
-  // Query bytes (decoded, fp32) that may wait for a worker; a request beyond them is answered
-  // UNAVAILABLE "overloaded" at once (the router tries another replica), so that callers
-  // sending faster than the shard searches cannot grow its memory without bound. A request
-  // that finds the queue empty is always queued.
+  // Bytes that waiting requests may hold (QueuedBytes: their fp32 queries, the subset ids they
+  // declare, the answers they will get); a request beyond them is answered UNAVAILABLE
+  // "overloaded" at once (the router tries another replica), so that callers sending faster
+  // than the shard searches cannot grow its memory without bound. A request that finds the
+  // queue empty is always queued.
   int64_t max_queued_bytes = int64_t{1} << 30;
 };
 
 using EngineDone = std::function<void(absl::StatusOr<EngineResult>)>;
+
+// What a waiting request holds or will hold: its queries decoded to fp32, the sentence ids of
+// the groups it declares (groups kept under a session are charged there), and its answer (rows
+// x k distances, ids and values). Charging the queries alone let a one-row request carrying a
+// million sentence ids, or asking for 1,024 neighbours, count as 2 KiB.
+int64_t QueuedBytes(const SearchQuery& query);
 
 // Thread-safe. The destructor answers everything still queued, then joins the workers.
 class Batcher {

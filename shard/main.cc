@@ -155,9 +155,11 @@ int main(int argc, char** argv) {
                  "received it when the shard is idle (0: always hand it to a worker)")
       ->check(CLI::Range(0, 10'000'000))
       ->capture_default_str();
-  app.add_option("--max-queued-mib", flags.max_queued_mib,
-                 "query MiB that may wait for an engine call; beyond, requests are answered "
-                 "UNAVAILABLE (overloaded) at once")
+  app.add_option(
+         "--max-queued-mib", flags.max_queued_mib,
+         "MiB that waiting requests may hold (queries, declared subset ids, answers); beyond, "
+         "requests are answered "
+         "UNAVAILABLE (overloaded) at once")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--max-batch-rows", flags.batcher.max_batch_rows,

@@ -74,7 +74,8 @@ struct SearchFlags {
   std::string dir;
   std::string queries;
   int64_t rows = 10;
-  int shard = -1;  // -1: all shards merged
+  int batch = RequestLimits().max_rows;  // rows per search call
+  int shard = -1;                        // -1: all shards merged
   std::string subset;
   IndexEngineOptions engine;
   SearchParams params;
@@ -94,38 +95,10 @@ std::vector<int64_t> ParseSentences(const std::string& text) {
   return ids;
 }
 
-void RunSearch(const SearchFlags& f) {
-  std::unique_ptr<SearchEngine> engine = ValueOrExit(
-      f.shard < 0 ? CreateLocalEngine(f.dir, f.engine) : CreateEngine(f.dir, f.shard, f.engine));
-  std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
-  const int64_t rows = std::min(f.rows, source->rows());
-  Matrix<float> queries(rows, source->dim());
-  ExitOnError(source->Read(0, rows, queries.data()));
-  // Checked as a server checks a request: dimension, finite values, k, ids of the subset.
-  v1::SearchRequest request;
-  EncodeMatrix(queries.view(), v1::DTYPE_FP32, request.mutable_queries());
-  request.mutable_params()->set_k(f.params.k);
-  request.mutable_params()->set_nprobe(f.params.nprobe);
-  request.mutable_params()->set_ef_search(f.params.ef_search);
-  if (!f.subset.empty()) {
-    const std::vector<int64_t> ids = ParseSentences(f.subset);
-    request.add_subset_groups()->mutable_sentence_ids()->Assign(ids.begin(), ids.end());
-    for (int64_t r = 0; r < rows; ++r) request.add_row_group(0);
-  }
-  // Limits sized to this call (the flags' ranges bound it): the checks, not a server's budget.
-  RequestLimits limits;
-  limits.max_rows = static_cast<int>(std::max<int64_t>(rows, 1));
-  limits.max_k = std::max(f.params.k, 1);
-  limits.max_subset_sentences = limits.max_total_subset_sentences =
-      std::max<int64_t>(1, engine->info().num_sentences);
-  const SearchQuery query =
-      ValueOrExit(ParseSearchRequest(request, engine->info().shape(), limits));
-  const EngineResult result = ValueOrExit(engine->Search(query));
-  const Neighbors& n = result.neighbors;
-  std::printf("# %lld queries, k %d, %lld vectors searched; per query: rank id value distance\n",
-              static_cast<long long>(n.rows), n.k, static_cast<long long>(result.vectors_searched));
+// One line per neighbour of each query row, numbered from `first_row`.
+void PrintNeighbors(const Neighbors& n, int64_t first_row) {
   for (int64_t r = 0; r < n.rows; ++r) {
-    std::printf("query %lld\n", static_cast<long long>(r));
+    std::printf("query %lld\n", static_cast<long long>(first_row + r));
     for (int j = 0; j < n.k; ++j) {
       const int64_t i = r * n.k + j;
       if (n.ids[i] < 0) break;
@@ -133,6 +106,48 @@ void RunSearch(const SearchFlags& f) {
                   n.has_values() ? n.values[i] : -1, n.distances[i]);
     }
   }
+}
+
+void RunSearch(const SearchFlags& f) {
+  std::unique_ptr<SearchEngine> engine = ValueOrExit(
+      f.shard < 0 ? CreateLocalEngine(f.dir, f.engine) : CreateEngine(f.dir, f.shard, f.engine));
+  std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
+  const int64_t rows = std::min(f.rows, source->rows());
+  const std::vector<int64_t> subset =
+      f.subset.empty() ? std::vector<int64_t>() : ParseSentences(f.subset);
+  // Limits sized to this call: the checks a server makes, not its budget.
+  RequestLimits limits;
+  limits.max_k = f.params.k;
+  limits.max_subset_sentences = limits.max_total_subset_sentences =
+      std::max<int64_t>(1, engine->info().num_sentences);
+  // Searched and printed f.batch rows at a time: the results of all rows at once (rows x k
+  // neighbours) need not fit in memory.
+  limits.max_rows = f.batch;
+  Matrix<float> queries(std::min<int64_t>(rows, f.batch), source->dim());
+  std::printf("# %lld queries, k %d; per query: rank id value distance\n",
+              static_cast<long long>(rows), f.params.k);
+  int64_t vectors_searched = 0;
+  for (int64_t first = 0; first < rows; first += f.batch) {
+    const int64_t count = std::min<int64_t>(f.batch, rows - first);
+    ExitOnError(source->Read(first, first + count, queries.data()));
+    // Checked as a server checks a request: dimension, finite values, k, ids of the subset.
+    v1::SearchRequest request;
+    EncodeMatrix(MatrixView<const float>(queries.data(), count, queries.cols()), v1::DTYPE_FP32,
+                 request.mutable_queries());
+    request.mutable_params()->set_k(f.params.k);
+    request.mutable_params()->set_nprobe(f.params.nprobe);
+    request.mutable_params()->set_ef_search(f.params.ef_search);
+    if (!subset.empty()) {
+      request.add_subset_groups()->mutable_sentence_ids()->Assign(subset.begin(), subset.end());
+      for (int64_t r = 0; r < count; ++r) request.add_row_group(0);
+    }
+    const SearchQuery query =
+        ValueOrExit(ParseSearchRequest(request, engine->info().shape(), limits));
+    const EngineResult result = ValueOrExit(engine->Search(query));
+    vectors_searched += result.vectors_searched;
+    PrintNeighbors(result.neighbors, first);
+  }
+  std::printf("# %lld vectors searched\n", static_cast<long long>(vectors_searched));
 }
 
 void RunInfo(const std::string& dir) {
@@ -186,8 +201,11 @@ void RegisterIndexCommands(CLI::App& app) {
   s->add_option("--rows", search->rows, "first rows of --queries to search")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
+  s->add_option("--batch", search->batch, "rows per search call")
+      ->check(CLI::Range(1, RequestLimits().max_rows))
+      ->capture_default_str();
   s->add_option("--k", search->params.k, "neighbours")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(CLI::Range(1, RequestLimits().max_k))
       ->capture_default_str();
   s->add_option("--nprobe", search->params.nprobe, "IVF lists probed (0: index default)")
       ->check(CLI::Range(0, 1 << 24))

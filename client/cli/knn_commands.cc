@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -387,6 +388,8 @@ void RunTranslate(CLI::App* cmd, TranslateFlags& flags) {
   // The output files are created before anything loads: a path that cannot be written fails
   // now, not after the translation. Each is published whole at the end (or written in place
   // when it is a device).
+  ExitOnError(CheckDistinctFiles(
+      {{"--input", flags.input}, {"--output", flags.output}, {"--stats-json", flags.stats_json}}));
   std::unique_ptr<AtomicFileWriter> output_file;
   if (flags.output != "-") output_file = ValueOrExit(AtomicFileWriter::Create(flags.output));
   std::unique_ptr<AtomicFileWriter> stats_file;
@@ -541,6 +544,13 @@ absl::Status CheckTuneFlags(const CLI::App& cmd, const TuneFlags& flags) {
                        "--grid-weight"));
     }
   }
+  for (const char* grid : {"--grid-topk", "--grid-temperature", "--grid-weight"}) {
+    for (const std::string& value : cmd.get_option(grid)->results()) {
+      if (absl::StripAsciiWhitespace(value).empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(grid, " has an empty value"));
+      }
+    }
+  }
   for (const int k : flags.topk) {
     if (k > RequestLimits().max_k) {
       return absl::InvalidArgumentError(
@@ -565,6 +575,9 @@ absl::Status CheckTuneFlags(const CLI::App& cmd, const TuneFlags& flags) {
 void RunTune(const CLI::App& cmd, TuneFlags& flags) {
   KeepFreedMemory();
   ExitOnError(CheckTuneFlags(cmd, flags));
+  ExitOnError(CheckDistinctFiles({{"--dev", flags.dev}, {"--out", flags.out}}));
+  // Created before anything loads: a path that cannot be written fails now, not after the grid.
+  std::unique_ptr<AtomicFileWriter> out_file = ValueOrExit(AtomicFileWriter::Create(flags.out));
   const knn::ThreadPlan plan =
       PlanThreads(flags.retrieval, flags.threads, flags.batch_size * flags.beam);
   at::set_num_threads(plan.model_threads);
@@ -634,7 +647,9 @@ void RunTune(const CLI::App& cmd, TuneFlags& flags) {
                          {"dev_sentences", sources.size()},
                          {"mode", flags.retrieval.mode},
                          {"beam", flags.beam}};
-  ExitOnError(WriteFileAtomically(flags.out, json.dump(2) + "\n").status());
+  const std::string best_json = json.dump(2) + "\n";
+  ExitOnError(out_file->Append(best_json.data(), best_json.size()));
+  ExitOnError(out_file->Commit().status());
   std::fprintf(stderr, "tune: best k=%d temperature=%g weight=%g BLEU %.2f (base %.2f) -> %s\n",
                best.knn.k, best.knn.temperature, best.knn.weight, best.bleu, base_bleu,
                flags.out.c_str());

@@ -23,5 +23,11 @@ int main(int argc, char** argv) {
   knnserve::cli::RegisterKnnCommands(app);
   knnserve::cli::RegisterDatastoreCommands(app);
   CLI11_PARSE(app, argc, argv);
+  // What a command printed to stdout (a table, search results, JSON) must have arrived: a
+  // full disk or a closed pipe fails the command.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fputs("knnserve: writing standard output failed\n", stderr);
+    return 1;
+  }
   return 0;
 }

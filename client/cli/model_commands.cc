@@ -39,7 +39,9 @@ void RegisterTokenizer(CLI::App& app) {
   train->add_option("--sample-lines", options->sample_lines, "random lines used (<= 0: all)")
       ->capture_default_str();
   train->add_option("--seed", options->seed)->capture_default_str();
-  train->add_option("--threads", options->threads)->capture_default_str();
+  train->add_option("--threads", options->threads)
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   train->callback([options] {
     ExitOnError(TrainTokenizer(*options));
     std::fprintf(stderr, "wrote %s.model and %s.vocab\n", options->model_prefix.c_str(),
@@ -69,11 +71,19 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--ffn-dim", *ffn, "FFN inner size (encoder and decoder)")->capture_default_str();
   cmd->add_flag("--pre-norm", *pre_norm, "pre-norm layers (default post-norm)");
   cmd->add_flag("--learned-positions", o->model.learned_positions);
-  cmd->add_option("--dropout", o->model.dropout)->capture_default_str();
-  cmd->add_option("--attention-dropout", o->model.attention_dropout)->capture_default_str();
-  cmd->add_option("--lr", o->adam.lr, "peak learning rate")->capture_default_str();
+  cmd->add_option("--dropout", o->model.dropout)
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  cmd->add_option("--attention-dropout", o->model.attention_dropout)
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  cmd->add_option("--lr", o->adam.lr, "peak learning rate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--warmup", o->adam.warmup_steps)->capture_default_str();
-  cmd->add_option("--label-smoothing", o->label_smoothing)->capture_default_str();
+  cmd->add_option("--label-smoothing", o->label_smoothing)
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
   cmd->add_option("--clip-norm", o->clip_norm)->capture_default_str();
   cmd->add_option("--max-tokens", o->max_tokens, "tokens per batch")->capture_default_str();
   cmd->add_option("--max-len", o->max_len, "drop longer pairs")->capture_default_str();
@@ -87,7 +97,7 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--log-every", o->log_every_steps)->capture_default_str();
   cmd->add_flag("--bf16", o->bf16, "bfloat16 autocast for forward passes (fp32 master weights)");
   cmd->add_option("--seed", o->seed)->capture_default_str();
-  cmd->add_option("--threads", o->threads)->capture_default_str();
+  cmd->add_option("--threads", o->threads)->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->callback([o, heads, ffn, pre_norm] {
     o->model.encoder_heads = o->model.decoder_heads = *heads;
     o->model.encoder_ffn_dim = o->model.decoder_ffn_dim = *ffn;
@@ -200,11 +210,14 @@ void RegisterBench(CLI::App& model) {
   cmd->add_option("--model", flags->model_path, "checkpoint (.pt)")->required();
   cmd->add_option("--tsv", flags->tsv, "source<TAB>target pairs")->required();
   cmd->add_option("--sentences", flags->sentences, "first N pairs")->capture_default_str();
-  cmd->add_option("--batch-sizes", flags->batch_sizes)->capture_default_str();
-  cmd->add_option("--beam", flags->beam)->capture_default_str();
-  cmd->add_option("--feature-max-tokens", flags->feature_max_tokens, "tokens per feature batch")
+  cmd->add_option("--batch-sizes", flags->batch_sizes)
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--threads", flags->threads)->capture_default_str();
+  cmd->add_option("--beam", flags->beam)->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--feature-max-tokens", flags->feature_max_tokens, "tokens per feature batch")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--threads", flags->threads)->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->callback([flags] { RunBench(*flags); });
 }
 

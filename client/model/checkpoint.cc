@@ -216,9 +216,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const LoadedModel& load
 }
 
 absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, " is a directory, not a .pt file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open checkpoint ", path));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read checkpoint ", path));
   try {
     absl::StatusOr<LoadedModel> loaded = Parse(torch::pickle_load(bytes));
     if (!loaded.ok()) {

@@ -55,7 +55,14 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
 
   const std::string full = RunCli({"index", "search", dir + "/index", "--queries", dir + "/keys.h5",
                                    "--rows", "3", "--k", "4", "--nprobe", "4"});
-  EXPECT_THAT(full, HasSubstr("# 3 queries, k 4, 600 vectors searched"));
+  EXPECT_THAT(full, HasSubstr("# 3 queries, k 4;"));
+  EXPECT_THAT(full, HasSubstr("# 600 vectors searched"));
+  // Searched a row at a time, the same neighbours (each call scans the lists again).
+  const std::string by_row =
+      RunCli({"index", "search", dir + "/index", "--queries", dir + "/keys.h5", "--rows", "3",
+              "--k", "4", "--nprobe", "4", "--batch", "1"});
+  EXPECT_EQ(by_row.substr(0, by_row.rfind("# ")), full.substr(0, full.rfind("# ")));
+  EXPECT_THAT(by_row, HasSubstr("# 1800 vectors searched"));
   // Row 0 is a stored key: its nearest neighbour is itself (id 0).
   EXPECT_THAT(full, HasSubstr("query 0\n  0 0 " + std::to_string(ds.values.tokens[0]) + " "));
 

@@ -145,6 +145,32 @@ TEST(Files, ADirectoryLockRemovesTheDebrisOfKilledWriters) {
   }
 }
 
+// Two flags naming one file (the same path spelled otherwise, or a link to it) are refused
+// naming both flags; stdin/stdout ("-"), unset paths and devices may repeat.
+TEST(Files, CheckDistinctFilesRefusesTwoNamesOfOneFile) {
+  const std::string dir = FreshTempDir("distinct").string();
+  std::ofstream(dir + "/dev.tsv") << "a\tb\n";
+  std::filesystem::create_symlink(dir + "/dev.tsv", dir + "/link.tsv");
+  EXPECT_THAT(CheckDistinctFiles({{"--dev", dir + "/dev.tsv"}, {"--out", dir + "/./dev.tsv"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--dev " + dir + "/dev.tsv and --out " + dir +
+                                 "/./dev.tsv name the same file")));
+  EXPECT_THAT(CheckDistinctFiles({{"--dev", dir + "/dev.tsv"}, {"--out", dir + "/link.tsv"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the same file")));
+  EXPECT_THAT(CheckDistinctFiles(
+                  {{"--output", dir + "/new.txt"}, {"--stats-json", dir + "/sub/../new.txt"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the same file")));
+  EXPECT_THAT(CheckDistinctFiles({{"--input", "-"},
+                                  {"--output", "-"},
+                                  {"--stats-json", ""},
+                                  {"--x", ""},
+                                  {"--a", "/dev/null"},
+                                  {"--b", "/dev/null"},
+                                  {"--out", dir + "/other.json"},
+                                  {"--dev", dir + "/dev.tsv"}}),
+              IsOk());
+}
+
 TEST(Files, VerifiedReaderRefusesAMismatchNamingTheFile) {
   const std::string dir = FreshTempDir("verify").string();
   ASSERT_OK_AND_ASSIGN(FileDigest d, WriteFileAtomically(dir + "/c.bin", "content"));

@@ -304,6 +304,16 @@ TEST(ParseSearchRequest, RejectsAnOverlongSubsetSession) {
               StatusIs(kInvalid, HasSubstr("subset_session: 65 bytes; at most 64")));
 }
 
+// A request_id is forwarded to every shard and echoed in the answer: it is bounded.
+TEST(ParseSearchRequest, RejectsAnOverlongRequestId) {
+  v1::SearchRequest request = ValidSubsetRequest();
+  request.set_request_id(std::string(kMaxRequestIdBytes, 'x'));
+  EXPECT_OK(ParseSearchRequest(request, kShape, kLimits).status());
+  request.set_request_id(std::string(kMaxRequestIdBytes + 1, 'x'));
+  EXPECT_THAT(ParseSearchRequest(request, kShape, kLimits),
+              StatusIs(kInvalid, HasSubstr("request_id: 257 bytes; at most 256")));
+}
+
 TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndTheLargestAnswerAndFitsGrpc) {
   EXPECT_GE(kLimits.MaxMessageBytes(1024), int64_t{4096} * 1024 * 4);
   EXPECT_LT(kLimits.MaxMessageBytes(4096), int64_t{1} << 31);  // gRPC takes an int

@@ -101,13 +101,18 @@ TEST(BatcherQueue, RefusesRequestsBeyondTheQueuedBytes) {
   ControlledEngine engine(std::make_unique<FlatEngine>(MakeDatastore(60, kDim, 5, 1), 0, 60));
   BatcherOptions options{absl::ZeroDuration(), 1024, /*num_threads=*/1};
   options.inline_budget = absl::ZeroDuration();
-  options.max_queued_bytes = 2 * 4 * kDim * sizeof(float);  // two requests of 4 rows
+  const auto query = [](int rows, uint32_t seed) {
+    SearchQuery q;
+    q.queries = RandomQueries(rows, kDim, seed);
+    q.params.k = 3;
+    return q;
+  };
+  options.max_queued_bytes = 2 * QueuedBytes(query(4, 0));  // two requests of 4 rows
   Batcher batcher(&engine, options, &metrics);
   std::vector<std::shared_ptr<Outcome>> outcomes;
   const auto submit = [&](int rows) {
     SearchCall call;
-    call.query.queries = RandomQueries(rows, kDim, static_cast<uint32_t>(outcomes.size()));
-    call.query.params.k = 3;
+    call.query = query(rows, static_cast<uint32_t>(outcomes.size()));
     auto outcome = std::make_shared<Outcome>();
     batcher.Submit(std::move(call), [outcome](absl::StatusOr<EngineResult> result) {
       outcome->result = std::move(result);
@@ -133,6 +138,24 @@ TEST(BatcherQueue, RefusesRequestsBeyondTheQueuedBytes) {
   const auto later = submit(4);
   ASSERT_TRUE(later->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(later->result.ok()) << later->result.status();
+}
+
+// A waiting request is charged what it holds and will hold: a one-row request that declares a
+// million sentence ids or asks for 1,024 neighbours weighs more than its 64 query floats. Groups
+// kept under a session are charged to the session store instead.
+TEST(BatcherQueue, ChargesDeclaredSubsetIdsAndTheAnswerToTheQueue) {
+  SearchQuery query;
+  query.queries = RandomQueries(1, kDim, 1);
+  query.params.k = 1024;
+  const int64_t answer = 1024 * (sizeof(float) + sizeof(int64_t) + sizeof(int32_t));
+  EXPECT_EQ(QueuedBytes(query), kDim * 4 + answer);
+  query.subset_groups = std::make_shared<const SubsetGroups>(
+      SubsetGroups{std::vector<int64_t>(1 << 20), std::vector<int64_t>(5)});
+  query.row_group = {0};
+  query.declares_groups = true;
+  EXPECT_EQ(QueuedBytes(query), kDim * 4 + answer + ((1 << 20) + 5) * 8);
+  query.declares_groups = false;  // kept under a subset_session
+  EXPECT_EQ(QueuedBytes(query), kDim * 4 + answer);
 }
 
 TEST(BatcherCores, WaitsForCompanyOnlyWhenRunningCallsTakeEveryCore) {
