@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -158,8 +159,14 @@ absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
   if (f.knn_config.empty()) return absl::OkStatus();
   std::ifstream file(f.knn_config);
   if (!file) return absl::NotFoundError(absl::StrCat("cannot read --knn-config ", f.knn_config));
-  nlohmann::json json = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(file);
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. a number beyond double's range (1e400), which nlohmann refuses to parse
+    return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": not JSON: ", e.what()));
+  }
+  if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": not a JSON object"));
   }
   // What the file sets (each unless its flag was given) and what `knnserve tune` records beside
@@ -174,11 +181,12 @@ absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
     out = static_cast<std::remove_reference_t<decltype(out)>>(v.get<int64_t>());
     return absl::OkStatus();
   };
-  const auto number = [&](const nlohmann::json& v, const std::string& key,
+  // The ranges ValidateKnnOptions checks, checked here so that the error names the file.
+  const auto number = [&](const nlohmann::json& v, const std::string& key, double min, double max,
                           double& out) -> absl::Status {
-    if (!v.is_number()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(f.knn_config, ": ", key, " = ", v.dump(), " is not a number"));
+    if (!v.is_number() || !(v.get<double>() >= min && v.get<double>() <= max)) {
+      return absl::InvalidArgumentError(absl::StrCat(f.knn_config, ": ", key, " = ", v.dump(),
+                                                     " is not a number in [", min, ", ", max, "]"));
     }
     out = v.get<double>();
     return absl::OkStatus();
@@ -193,11 +201,16 @@ absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
     } else if (key == "knn_nprobe") {
       if (!flag_given) RETURN_IF_ERROR(integer(value, key, 0, 1 << 24, f.knn.nprobe));
     } else if (key == "knn_temperature") {
-      if (!flag_given) RETURN_IF_ERROR(number(value, key, f.knn.temperature));
+      if (!flag_given) {
+        RETURN_IF_ERROR(
+            number(value, key, knn::kMinTemperature, knn::kMaxTemperature, f.knn.temperature));
+      }
     } else if (key == "knn_weight") {
-      if (!flag_given) RETURN_IF_ERROR(number(value, key, f.knn.weight));
+      if (!flag_given) RETURN_IF_ERROR(number(value, key, 0, 1, f.knn.weight));
     } else if (key == "knn_threshold") {
-      if (!flag_given) RETURN_IF_ERROR(number(value, key, f.knn.threshold));
+      if (!flag_given) {
+        RETURN_IF_ERROR(number(value, key, 0, std::numeric_limits<double>::max(), f.knn.threshold));
+      }
     } else if (key != "dev" && key != "dev_bleu" && key != "dev_base_bleu" &&
                key != "dev_sentences" && key != "mode" && key != "beam") {
       return absl::InvalidArgumentError(absl::StrCat(
