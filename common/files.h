@@ -59,7 +59,8 @@ class DirectoryLock {
   // Removes what killed writers left behind (a spill file holds 8 bytes per corpus token, a
   // shard's temporary its whole size): files named as TemporaryPath names them, of a process
   // that no longer runs, in the directory and its immediate subdirectories (an index's). Only
-  // that suffix is ours; a writer still running (a build that takes no lock) keeps its files.
+  // that suffix is ours; a writer still running on this machine (a build that takes no lock)
+  // keeps its files (a writer on another machine sharing the volume is not seen).
   // Returns how many were removed.
   int RemoveDebris() const;
 

@@ -94,7 +94,7 @@ void Batcher::Submit(SearchCall call, EngineDone done) {
       const int64_t bytes = QueuedBytes(call.query);
       if (!queue_.empty() && queued_bytes_ + bytes > options_.max_queued_bytes) {
         const absl::Status overloaded = absl::UnavailableError(absl::StrCat(
-            kShardOverloaded, ": ", queued_bytes_ >> 20, " MiB of queries already wait (at most ",
+            kShardOverloaded, ": ", queued_bytes_ >> 20, " MiB of requests already wait (at most ",
             options_.max_queued_bytes >> 20, " MiB)"));
         lock.Release();
         dropped_overloaded_->Increment();

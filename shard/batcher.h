@@ -73,7 +73,7 @@ class Batcher {
     SearchCall call;
     EngineDone done;
     absl::Time enqueued;
-    int64_t bytes;  // its queries'
+    int64_t bytes;  // QueuedBytes(call.query)
   };
 
   // Worker `rank` (0 = first) takes queued work only while at least `rank` engine calls run.

@@ -23,12 +23,16 @@ namespace {
 using hdf5_internal::Guard;
 using hdf5_internal::HalfType;
 
+#ifdef __GLIBC__
 // An exit handler: ends the process with its exit status before HDF5's C++ library closes what
 // is still open (its own exit handler, registered when the library was loaded, runs later).
+// Every exit handler registered before this one is skipped with it, on purpose: static
+// destructors, a sanitizer's leak check; the process has failed a write and is ending anyway.
 void ExitBeforeHdf5Closes(int status, void* /*unused*/) {
   std::fflush(nullptr);
   std::_Exit(status);
 }
+#endif
 
 H5::DataType FileType(Hdf5Type type) {
   switch (type) {
@@ -405,8 +409,10 @@ absl::Status Hdf5File::Close() {
     // exits without letting it. on_exit (glibc) hands the handler that status; handlers run
     // in reverse order of registration, so this one runs before the library's.
     (void)handles_.release();
+#ifdef __GLIBC__
     static std::once_flag registered;
     std::call_once(registered, [] { ::on_exit(ExitBeforeHdf5Closes, nullptr); });
+#endif
   }
   return status;
 }

@@ -73,8 +73,8 @@ def parse_args(argv):
                    help="more knnserve-router flags, split as a shell would (\"--timeout-ms 500\")")
     p.add_argument("--tcp-probes", action="store_true",
                    help="probe the servers' ports over TCP instead of grpc.health.v1, which "
-                        "Kubernetes speaks in plaintext only (the default when --shard-arg or "
-                        "--router-arg passes --tls-cert)")
+                        "Kubernetes speaks in plaintext only (the default for the shards when "
+                        "--shard-arg passes --tls-cert, for the router when --router-arg does)")
     p.add_argument("--build-job", action="store_true",
                    help="render only a Job that builds the datastore and its index into the "
                         "claim (which must then be writable: ReadWriteOnce or ReadWriteMany); "
@@ -104,8 +104,10 @@ def parse_args(argv):
         p.error(f"--shard-threads must be >= 0, got {args.shard_threads}")
     if args.build_cpu < 1:
         p.error(f"--build-cpu must be at least 1, got {args.build_cpu}")
-    if any("--tls-cert" in shlex.split(arg) for arg in args.shard_arg + args.router_arg):
-        args.tcp_probes = True
+    # Each side probed over TCP when it serves TLS (or everything with --tcp-probes): a shard
+    # keeps its health probes when only the router serves TLS.
+    args.shard_tcp_probes = args.tcp_probes or passes_tls(args.shard_arg)
+    args.router_tcp_probes = args.tcp_probes or passes_tls(args.router_arg)
     if args.shard_threads == 0:
         args.shard_threads = max(1, -(-cpu_millis(args.shard_cpu, p) // 1000))
     for flag in ("name", "namespace"):
@@ -122,6 +124,12 @@ def parse_args(argv):
         p.error("--build-job writes DATASTORE/index (knnserve datastore build): --index-path "
                 f"must end in /index, got {args.index_path}")
     return args
+
+
+def passes_tls(flag_args):
+    """Whether these flags (each split as a shell would) give a server --tls-cert."""
+    return any(word == "--tls-cert" or word.startswith("--tls-cert=")
+               for arg in flag_args for word in shlex.split(arg))
 
 
 def cpu_millis(quantity, parser):
@@ -166,9 +174,9 @@ def tcp_probe(port_name, **timing):
     return {"tcpSocket": {"port": port_name}, **timing}
 
 
-def health_probe(args, port, **timing):
-    """A probe of grpc.health.v1 on `port`; with --tcp-probes (TLS) only whether it listens."""
-    if args.tcp_probes:
+def health_probe(tcp, port, **timing):
+    """A probe of grpc.health.v1 on `port`; with `tcp` (TLS) only whether it listens."""
+    if tcp:
         return tcp_probe("grpc", **timing)
     return {"grpc": {"port": port}, **timing}
 
@@ -241,10 +249,12 @@ def shard_statefulset(args, shard):
         "resources": resources,
         # NOT_SERVING until the shard is loaded, its SHA-256 verified and a warm-up search run:
         # the startup probe gives that up to 30 minutes, then readiness takes over.
-        "startupProbe": health_probe(args, GRPC_PORT, periodSeconds=10, failureThreshold=180),
-        "readinessProbe": health_probe(args, GRPC_PORT, periodSeconds=5, failureThreshold=2),
-        "livenessProbe": health_probe(args, GRPC_PORT, periodSeconds=20, failureThreshold=3,
-                                      timeoutSeconds=5),
+        "startupProbe": health_probe(args.shard_tcp_probes, GRPC_PORT, periodSeconds=10,
+                                     failureThreshold=180),
+        "readinessProbe": health_probe(args.shard_tcp_probes, GRPC_PORT, periodSeconds=5,
+                                       failureThreshold=2),
+        "livenessProbe": health_probe(args.shard_tcp_probes, GRPC_PORT, periodSeconds=20,
+                                      failureThreshold=3, timeoutSeconds=5),
     }
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -316,7 +326,8 @@ def router_deployment(args):
         # load). From then on it stays ready while it runs: a shard down is answered with
         # UNAVAILABLE naming it, or a partial answer with its Coverage, where a router taken
         # out of the Service would refuse the connection. Alive is not healthy either.
-        "startupProbe": health_probe(args, ROUTER_PORT, periodSeconds=10, failureThreshold=180),
+        "startupProbe": health_probe(args.router_tcp_probes, ROUTER_PORT, periodSeconds=10,
+                                     failureThreshold=180),
         "readinessProbe": tcp_probe("grpc", periodSeconds=5, failureThreshold=2),
         "livenessProbe": tcp_probe("grpc", periodSeconds=20, failureThreshold=3),
         # The Service takes a few seconds to stop sending a terminating pod connections: the

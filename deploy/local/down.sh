@@ -9,10 +9,7 @@ if [[ ${1:-} == -d ]]; then run_dir=$2; fi
 [[ -f $run_dir/pids ]] || { echo "down.sh: no cluster in $run_dir" >&2; exit 0; }
 source "$(dirname "$0")/processes.sh"
 # Only the servers this cluster started: a listed PID whose start time differs is another process.
-pids=()
-while read -r pid start; do
-  if still_running "$pid" "$start"; then pids+=("$pid"); fi
-done < "$run_dir/pids"
+mapfile -t pids < <(running_processes "$run_dir/pids")
 for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 for ((i = 0; i < 600; i++)); do
   alive=0

@@ -43,12 +43,10 @@ fi
 [[ -f $index_dir/manifest.json ]] || { echo "up.sh: $index_dir/manifest.json not found" >&2; exit 1; }
 source "$repo/deploy/local/processes.sh"
 if [[ -s $run_dir/pids ]]; then
-  while read -r pid start; do
-    if still_running "$pid" "$start"; then
-      echo "up.sh: a cluster is running from $run_dir (deploy/local/down.sh -d $run_dir)" >&2
-      exit 1
-    fi
-  done < "$run_dir/pids"
+  if [[ -n $(running_processes "$run_dir/pids") ]]; then
+    echo "up.sh: a cluster is running from $run_dir (deploy/local/down.sh -d $run_dir)" >&2
+    exit 1
+  fi
   echo "up.sh: $run_dir/pids lists no running server (left by a cluster that ended): starting over" >&2
 fi
 shards=$(/usr/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["shards"]))' \
