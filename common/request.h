@@ -84,6 +84,13 @@ struct SearchQuery {
   }
 };
 
+// The size of the answer to `query`, an estimate: rows x k neighbours of a float distance, an
+// int64 id and an int32 value each, as decoded (the encoded message is of the same order).
+inline int64_t AnswerBytes(const SearchQuery& query) {
+  return query.rows() * query.params.k *
+         static_cast<int64_t>(sizeof(float) + sizeof(int64_t) + sizeof(int32_t));
+}
+
 // Where a request without subset groups of its own finds them.
 struct SubsetSource {
   // The groups a stream's setup message declared (null when none), and the token the stream

@@ -75,8 +75,7 @@ int Run(const RouterFlags& flags) {
     Log(LogLevel::kError, "cannot start the router", {{"error", router.status().ToString()}});
     return 1;
   }
-  RetrievalService service(router->get(), flags.server.limits, &metrics,
-                           flags.server.subset_session_sentences);
+  RetrievalService service(router->get(), flags.server.limits, &metrics, flags.server.service);
   RpcServerOptions server_options{flags.server.listen, flags.server.tls,
                                   flags.server.limits.MaxMessageBytes(kRouterMaxDim)};
   absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(server_options, &service);

@@ -77,9 +77,8 @@ int64_t QueuedBytes(const SearchQuery& query) {
       ids += static_cast<int64_t>(group.size());
     }
   }
-  constexpr int64_t kAnswerBytes = sizeof(float) + sizeof(int64_t) + sizeof(int32_t);
   return query.queries.size() * static_cast<int64_t>(sizeof(float)) +
-         ids * static_cast<int64_t>(sizeof(int64_t)) + query.rows() * query.params.k * kAnswerBytes;
+         ids * static_cast<int64_t>(sizeof(int64_t)) + AnswerBytes(query);
 }
 
 void Batcher::Submit(SearchCall call, EngineDone done) {

@@ -65,8 +65,7 @@ int Run(const ShardFlags& flags) {
   batcher.engine_threads = flags.threads;
   batcher.max_queued_bytes = flags.max_queued_mib << 20;
   ShardBackend backend(flags.shard_id, batcher, &metrics);
-  RetrievalService service(&backend, flags.server.limits, &metrics,
-                           flags.server.subset_session_sentences);
+  RetrievalService service(&backend, flags.server.limits, &metrics, flags.server.service);
   RpcServerOptions options{flags.server.listen, flags.server.tls,
                            flags.server.limits.MaxMessageBytes(manifest->dim)};
   absl::StatusOr<std::unique_ptr<RpcServer>> server = RpcServer::Start(options, &service);

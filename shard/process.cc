@@ -69,12 +69,20 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
                  "most sentences per subset group")
       ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
-  app.add_option("--subset-session-sentences", subset_session_sentences,
+  app.add_option("--subset-session-sentences", service.subset_session_sentences,
                  "most sentence ids kept, over all subset sessions, for requests that name "
                  "their subset by a subset_session token (least recently used ones go first; "
                  "a session counts 32 ids more and each of its groups 4, for their bookkeeping)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
+  app.add_option_function<int64_t>(
+         "--max-undelivered-mib",
+         [this](int64_t mib) { service.max_undelivered_answer_bytes = mib << 20; },
+         "MiB of answers admitted and not yet delivered (a client that does not read its "
+         "answers keeps them in memory); beyond, requests are answered UNAVAILABLE "
+         "(overloaded) at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->default_str(std::to_string(service.max_undelivered_answer_bytes >> 20));
 }
 
 void ServerFlags::InitLogging(const std::string& component) const {

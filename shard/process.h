@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/request.h"
+#include "shard/retrieval_service.h"
 #include "shard/rpc_server.h"
 
 namespace knnserve {
@@ -26,7 +27,7 @@ struct ServerFlags {
   std::string log_level = "info";
   double drain_seconds = 30;
   RequestLimits limits;
-  int64_t subset_session_sentences = SubsetSessions::kDefaultMaxSentences;
+  RetrievalServiceOptions service;
 
   // Registers the flags on `app`; `default_listen` is the --listen default.
   void Register(CLI::App& app, const std::string& default_listen);

@@ -36,22 +36,32 @@ class CallMetrics {
   const absl::Time start_;
 };
 
-// A unary call whose cancellation reaches the backend.
+// A unary call whose cancellation reaches the backend. The answer bytes it holds (Hold) go
+// back to the budget when the call is over: its answer delivered, or the call gone.
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
   UnaryReactor(const ServiceMetrics& metrics, std::shared_ptr<CancelToken> cancel)
       : metrics_(metrics), cancel_(std::move(cancel)) {}
 
+  void Hold(AnswerBudget* budget, int64_t bytes) {
+    budget_ = budget;
+    held_bytes_ = bytes;
+  }
   void Complete(const absl::Status& status) {
     metrics_.Done(status.ok());
     Finish(ToGrpcStatus(status));
   }
   void OnCancel() override { cancel_->Cancel(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (budget_ != nullptr) budget_->Give(held_bytes_);
+    delete this;
+  }
 
  private:
   CallMetrics metrics_;
   const std::shared_ptr<CancelToken> cancel_;
+  AnswerBudget* budget_ = nullptr;
+  int64_t held_bytes_ = 0;
 };
 
 Counter* SubsetSessionCounter(MetricsRegistry* registry, const std::string& event) {
@@ -82,17 +92,51 @@ void FillResponse(const SearchAnswer& answer, v1::SearchResponse* response) {
   *response->mutable_coverage() = answer.coverage;
 }
 
+bool AnswerBudget::TryTake(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (held_ > 0 && held_ + bytes > max_bytes_) return false;
+  held_ += bytes;
+  held_gauge_->Set(held_);
+  return true;
+}
+
+void AnswerBudget::Give(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  held_ -= bytes;
+  held_gauge_->Set(held_);
+}
+
+int64_t AnswerBudget::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
 RetrievalService::RetrievalService(SearchBackend* backend, RequestLimits limits,
-                                   MetricsRegistry* metrics, int64_t subset_session_sentences)
+                                   MetricsRegistry* metrics, RetrievalServiceOptions options)
     : backend_(backend),
       limits_(limits),
       search_metrics_(ServiceMetrics::For(metrics, "Search")),
       step_metrics_(ServiceMetrics::For(metrics, "SearchStream.step")),
       info_metrics_(ServiceMetrics::For(metrics, "Info")),
-      subset_sessions_(subset_session_sentences),
+      subset_sessions_(options.subset_session_sentences),
+      answers_(options.max_undelivered_answer_bytes,
+               metrics->GetGauge("knnserve_undelivered_answer_bytes",
+                                 "Bytes of answers admitted and not yet delivered", {})),
+      refused_undelivered_(metrics->GetCounter("knnserve_refused_total",
+                                               "Valid requests refused before searching, by reason",
+                                               {{"reason", "undelivered_answers"}})),
       sessions_declared_(SubsetSessionCounter(metrics, "declared")),
       sessions_reused_(SubsetSessionCounter(metrics, "reused")),
       sessions_unknown_(SubsetSessionCounter(metrics, "unknown")) {}
+
+absl::Status RetrievalService::AdmitAnswer(const SearchQuery& query) {
+  if (answers_.TryTake(AnswerBytes(query))) return absl::OkStatus();
+  refused_undelivered_->Increment();
+  return absl::UnavailableError(absl::StrCat(kShardOverloaded, ": ", answers_.held() >> 20,
+                                             " MiB of answers are not yet delivered (at most ",
+                                             answers_.max_bytes() >> 20,
+                                             " MiB; --max-undelivered-mib)"));
+}
 
 absl::StatusOr<SearchQuery> RetrievalService::Parse(
     const v1::SearchRequest& request, std::shared_ptr<const SubsetGroups> stream_groups,
@@ -123,6 +167,11 @@ grpc::ServerUnaryReactor* RetrievalService::Search(grpc::CallbackServerContext* 
     reactor->Complete(query.status());
     return reactor;
   }
+  if (absl::Status admitted = AdmitAnswer(*query); !admitted.ok()) {
+    reactor->Complete(admitted);
+    return reactor;
+  }
+  reactor->Hold(&answers_, AnswerBytes(*query));
   call.query = *std::move(query);
   backend_->Search(std::move(call), [reactor, response](absl::StatusOr<SearchAnswer> answer) {
     if (answer.ok()) FillResponse(*answer, response);
@@ -177,6 +226,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   }
 
   void OnWriteDone(bool ok) override {
+    ReleaseAnswer();
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
       return;
@@ -185,9 +235,17 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   }
 
   void OnCancel() override { cancel_->Cancel(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReleaseAnswer();  // a step whose write never completed
+    delete this;
+  }
 
  private:
+  void ReleaseAnswer() {
+    service_->answers_.Give(held_bytes_);
+    held_bytes_ = 0;
+  }
+
   absl::Status Setup(const v1::SessionSetup& setup) {
     if (setup_seen_ || steps_started_) {
       return absl::InvalidArgumentError("setup: at most one setup message, before the first step");
@@ -231,6 +289,11 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
       Answer(query.status(), *metrics);
       return;
     }
+    if (absl::Status admitted = service_->AdmitAnswer(*query); !admitted.ok()) {
+      Answer(admitted, *metrics);
+      return;
+    }
+    held_bytes_ = AnswerBytes(*query);
     SearchCall call{*std::move(query), deadline_, cancel_};
     service_->backend_->Search(std::move(call),
                                [this, metrics](absl::StatusOr<SearchAnswer> answer) {
@@ -259,6 +322,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   std::string session_token_;  // names session_groups_ to the backend's shards
   v1::SearchParams default_params_;
   bool allow_partial_ = false;
+  int64_t held_bytes_ = 0;  // of service_->answers_, for the step being answered
 };
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>* RetrievalService::SearchStream(

@@ -8,9 +8,12 @@
 #ifndef KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
 #define KNNSERVE_SHARD_RETRIEVAL_SERVICE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/request.h"
 #include "knnserve/v1/retrieval.grpc.pb.h"
 #include "shard/metrics.h"
@@ -27,12 +30,40 @@ struct ServiceMetrics {
   static ServiceMetrics For(MetricsRegistry* registry, const std::string& method);
 };
 
+// Bytes of answers admitted and not yet delivered (AnswerBytes of each call from its admission
+// until its answer was written, or the call ended). A client that does not read its answers
+// (HTTP/2 flow control) keeps them in the server's memory; beyond the budget new calls are
+// refused. `held_gauge` (borrowed) shows the bytes held. Thread-safe.
+class AnswerBudget {
+ public:
+  AnswerBudget(int64_t max_bytes, Gauge* held_gauge)
+      : max_bytes_(max_bytes), held_gauge_(held_gauge) {}
+  // Takes `bytes`; false (nothing taken) when they would exceed the budget while other answers
+  // are held (a lone answer is always admitted, however large).
+  bool TryTake(int64_t bytes);
+  void Give(int64_t bytes);
+  int64_t held() const;
+  int64_t max_bytes() const { return max_bytes_; }
+
+ private:
+  const int64_t max_bytes_;
+  Gauge* const held_gauge_;
+  mutable absl::Mutex mu_;
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct RetrievalServiceOptions {
+  // Bounds the sentence ids kept under subset_session tokens.
+  int64_t subset_session_sentences = SubsetSessions::kDefaultMaxSentences;
+  // AnswerBudget's bound.
+  int64_t max_undelivered_answer_bytes = int64_t{1} << 30;
+};
+
 // Thread-safe; `backend` and `metrics` must outlive the service and its calls.
 class RetrievalService final : public v1::Retrieval::CallbackService {
  public:
-  // `subset_session_sentences` bounds the sentence ids kept under subset_session tokens.
   RetrievalService(SearchBackend* backend, RequestLimits limits, MetricsRegistry* metrics,
-                   int64_t subset_session_sentences = SubsetSessions::kDefaultMaxSentences);
+                   RetrievalServiceOptions options = {});
 
   grpc::ServerUnaryReactor* Search(grpc::CallbackServerContext* context,
                                    const v1::SearchRequest* request,
@@ -45,6 +76,8 @@ class RetrievalService final : public v1::Retrieval::CallbackService {
 
  private:
   friend class StreamReactor;
+  // Takes AnswerBytes(query) from the budget; UNAVAILABLE (kShardOverloaded) when it is spent.
+  absl::Status AdmitAnswer(const SearchQuery& query);
 
   // ParseSearchRequest against the backend's shape and the kept subset sessions, counting
   // what the request did with its subset_session token.
@@ -58,6 +91,8 @@ class RetrievalService final : public v1::Retrieval::CallbackService {
   const ServiceMetrics step_metrics_;
   const ServiceMetrics info_metrics_;
   SubsetSessions subset_sessions_;
+  AnswerBudget answers_;
+  Counter* const refused_undelivered_;
   // Requests whose subset_session token came with groups (kept), took kept groups, or named
   // a token this server does not hold.
   Counter* const sessions_declared_;

@@ -1,6 +1,7 @@
 // knnserve-shard's service in process: answers, Info, health, validation, drain, metrics.
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_matchers.h"
 #include "common/wire.h"
@@ -117,6 +118,66 @@ TEST(ShardTest, DrainFinishesCallsInFlight) {
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.rows(), 1);
   drain.join();
+}
+
+// Answers admitted and not yet delivered are bounded (a client that does not read its answers
+// would keep them in the server's memory): a call beyond --max-undelivered-mib is refused as
+// overloaded while another answer is held, and admitted again once it is delivered. A stream
+// gives its step's answer back once written, and keeps answering after a refused step.
+TEST(ShardTest, RefusesCallsBeyondTheUndeliveredAnswerBudget) {
+  TestShardOptions options;
+  const Matrix<float> queries = RandomQueries(4, kDim, 5);
+  const v1::SearchRequest request = MakeRequest(queries, 8);
+  const int64_t answer_bytes = 4 * 8 * (4 + 8 + 4);
+  options.service.max_undelivered_answer_bytes = answer_bytes * 3 / 2;  // one answer at a time
+  TestShard shard(0, SmallEngine(), options);
+  auto stub = Connect(shard.address());
+  grpc::ClientContext stream_context;
+  auto stream = stub->SearchStream(&stream_context);
+  const auto step = [&stream, &request] {
+    v1::StreamRequest message;
+    *message.mutable_step() = request;
+    v1::SearchResponse response;
+    EXPECT_TRUE(stream->Write(message));
+    EXPECT_TRUE(stream->Read(&response));
+    return response;
+  };
+  // The server gives an answer's bytes back once the answer is written, which may be just
+  // after the client has read it.
+  const auto wait_until_delivered = [&shard] {
+    for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(),
+                                                   "knnserve_undelivered_answer_bytes 0\n");
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  };
+  EXPECT_EQ(step().error_code(), 0);
+  wait_until_delivered();
+
+  shard.engine()->CloseGate();
+  std::thread held([&] {
+    v1::SearchResponse response;
+    EXPECT_TRUE(CallSearch(stub.get(), request, &response).ok());
+  });
+  ASSERT_TRUE(shard.engine()->WaitForCallsAtGate(1, absl::Seconds(10)));
+  v1::SearchResponse refused;
+  const grpc::Status status = CallSearch(stub.get(), request, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("shard overloaded"));
+  EXPECT_THAT(status.error_message(), HasSubstr("not yet delivered"));
+  const v1::SearchResponse refused_step = step();
+  EXPECT_EQ(refused_step.error_code(), grpc::StatusCode::UNAVAILABLE);
+  shard.engine()->OpenGate();
+  held.join();
+  wait_until_delivered();
+
+  v1::SearchResponse again;
+  EXPECT_TRUE(CallSearch(stub.get(), request, &again).ok());
+  EXPECT_EQ(step().error_code(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_THAT(shard.metrics().RenderText(),
+              HasSubstr("knnserve_refused_total{reason=\"undelivered_answers\"} 2"));
 }
 
 TEST(ShardTest, CountsRequestsInMetrics) {

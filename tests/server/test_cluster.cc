@@ -69,7 +69,7 @@ bool ControlledEngine::WaitForCallsAtGate(int n, absl::Duration timeout) const {
 TestShard::TestShard(int32_t shard_id, std::unique_ptr<SearchEngine> engine,
                      TestShardOptions options)
     : backend_(shard_id, options.batcher, &metrics_),
-      service_(&backend_, options.limits, &metrics_),
+      service_(&backend_, options.limits, &metrics_, options.service),
       pending_engine_(std::make_unique<ControlledEngine>(std::move(engine))),
       engine_(pending_engine_.get()) {
   RpcServerOptions server_options;

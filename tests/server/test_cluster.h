@@ -52,6 +52,7 @@ struct TestShardOptions {
   bool load = true;                    // false: start serving "loading" until Load()
   std::string listen = "127.0.0.1:0";  // a killed shard's address: the shard restarted
   RequestLimits limits = TestLimits();
+  RetrievalServiceOptions service;
 };
 
 // A shard server on 127.0.0.1. Thread-safe.
