@@ -83,6 +83,13 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
          "(overloaded) at once")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->default_str(std::to_string(service.max_undelivered_answer_bytes >> 20));
+  app.add_option_function<int64_t>(
+         "--max-stream-groups-mib",
+         [this](int64_t mib) { service.max_stream_group_bytes = mib << 20; },
+         "MiB of subset groups that open streams declared at setup (8 bytes per sentence id, "
+         "held while the stream lasts); beyond, a setup is answered UNAVAILABLE (overloaded)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->default_str(std::to_string(service.max_stream_group_bytes >> 20));
 }
 
 void ServerFlags::InitLogging(const std::string& component) const {

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -43,7 +45,7 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   UnaryReactor(const ServiceMetrics& metrics, std::shared_ptr<CancelToken> cancel)
       : metrics_(metrics), cancel_(std::move(cancel)) {}
 
-  void Hold(AnswerBudget* budget, int64_t bytes) {
+  void Hold(ByteBudget* budget, int64_t bytes) {
     budget_ = budget;
     held_bytes_ = bytes;
   }
@@ -60,9 +62,15 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
  private:
   CallMetrics metrics_;
   const std::shared_ptr<CancelToken> cancel_;
-  AnswerBudget* budget_ = nullptr;
+  ByteBudget* budget_ = nullptr;
   int64_t held_bytes_ = 0;
 };
+
+// What ByteBudget refusals name: their reason (a metric label) and the flag that sets the bound.
+constexpr absl::string_view kUndelivered = "undelivered_answers";
+constexpr absl::string_view kUndeliveredFlag = "--max-undelivered-mib";
+constexpr absl::string_view kStreamGroups = "stream_subset_groups";
+constexpr absl::string_view kStreamGroupsFlag = "--max-stream-groups-mib";
 
 Counter* SubsetSessionCounter(MetricsRegistry* registry, const std::string& event) {
   return registry->GetCounter(
@@ -92,7 +100,7 @@ void FillResponse(const SearchAnswer& answer, v1::SearchResponse* response) {
   *response->mutable_coverage() = answer.coverage;
 }
 
-bool AnswerBudget::TryTake(int64_t bytes) {
+bool ByteBudget::TryTake(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (held_ > 0 && held_ + bytes > max_bytes_) return false;
   held_ += bytes;
@@ -100,13 +108,13 @@ bool AnswerBudget::TryTake(int64_t bytes) {
   return true;
 }
 
-void AnswerBudget::Give(int64_t bytes) {
+void ByteBudget::Give(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   held_ -= bytes;
   held_gauge_->Set(held_);
 }
 
-int64_t AnswerBudget::held() const {
+int64_t ByteBudget::held() const {
   absl::MutexLock lock(&mu_);
   return held_;
 }
@@ -122,20 +130,25 @@ RetrievalService::RetrievalService(SearchBackend* backend, RequestLimits limits,
       answers_(options.max_undelivered_answer_bytes,
                metrics->GetGauge("knnserve_undelivered_answer_bytes",
                                  "Bytes of answers admitted and not yet delivered", {})),
-      refused_undelivered_(metrics->GetCounter("knnserve_refused_total",
-                                               "Valid requests refused before searching, by reason",
-                                               {{"reason", "undelivered_answers"}})),
+      stream_groups_(options.max_stream_group_bytes,
+                     metrics->GetGauge("knnserve_stream_group_bytes",
+                                       "Bytes of subset groups held by open streams", {})),
+      metrics_(metrics),
       sessions_declared_(SubsetSessionCounter(metrics, "declared")),
       sessions_reused_(SubsetSessionCounter(metrics, "reused")),
       sessions_unknown_(SubsetSessionCounter(metrics, "unknown")) {}
 
-absl::Status RetrievalService::AdmitAnswer(const SearchQuery& query) {
-  if (answers_.TryTake(AnswerBytes(query))) return absl::OkStatus();
-  refused_undelivered_->Increment();
-  return absl::UnavailableError(absl::StrCat(kShardOverloaded, ": ", answers_.held() >> 20,
-                                             " MiB of answers are not yet delivered (at most ",
-                                             answers_.max_bytes() >> 20,
-                                             " MiB; --max-undelivered-mib)"));
+absl::Status RetrievalService::Admit(ByteBudget& budget, int64_t bytes, absl::string_view what,
+                                     absl::string_view flag) {
+  if (budget.TryTake(bytes)) return absl::OkStatus();
+  metrics_
+      ->GetCounter("knnserve_refused_total", "Valid requests refused before searching, by reason",
+                   {{"reason", std::string(what)}})
+      ->Increment();
+  return absl::UnavailableError(absl::StrCat(kShardOverloaded, ": ", budget.held() >> 20,
+                                             " MiB of ", absl::StrReplaceAll(what, {{"_", " "}}),
+                                             " held (at most ", budget.max_bytes() >> 20, " MiB; ",
+                                             flag, ")"));
 }
 
 absl::StatusOr<SearchQuery> RetrievalService::Parse(
@@ -167,7 +180,8 @@ grpc::ServerUnaryReactor* RetrievalService::Search(grpc::CallbackServerContext* 
     reactor->Complete(query.status());
     return reactor;
   }
-  if (absl::Status admitted = AdmitAnswer(*query); !admitted.ok()) {
+  if (absl::Status admitted = Admit(answers_, AnswerBytes(*query), kUndelivered, kUndeliveredFlag);
+      !admitted.ok()) {
     reactor->Complete(admitted);
     return reactor;
   }
@@ -237,6 +251,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   void OnCancel() override { cancel_->Cancel(); }
   void OnDone() override {
     ReleaseAnswer();  // a step whose write never completed
+    service_->stream_groups_.Give(held_group_bytes_);
     delete this;
   }
 
@@ -258,6 +273,12 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
     if (setup.subset_groups_size() > 0) {
       ASSIGN_OR_RETURN(SubsetGroups groups,
                        ParseSubsetGroups(setup.subset_groups(), shape, service_->limits_));
+      int64_t ids = 0;
+      for (const std::vector<int64_t>& group : groups) ids += static_cast<int64_t>(group.size());
+      const int64_t bytes = ids * static_cast<int64_t>(sizeof(int64_t));
+      RETURN_IF_ERROR(
+          service_->Admit(service_->stream_groups_, bytes, kStreamGroups, kStreamGroupsFlag));
+      held_group_bytes_ = bytes;
       session_groups_ = std::make_shared<const SubsetGroups>(std::move(groups));
       session_token_ = NewSubsetSession();
     }
@@ -289,7 +310,9 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
       Answer(query.status(), *metrics);
       return;
     }
-    if (absl::Status admitted = service_->AdmitAnswer(*query); !admitted.ok()) {
+    if (absl::Status admitted = service_->Admit(service_->answers_, AnswerBytes(*query),
+                                                kUndelivered, kUndeliveredFlag);
+        !admitted.ok()) {
       Answer(admitted, *metrics);
       return;
     }
@@ -322,7 +345,8 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   std::string session_token_;  // names session_groups_ to the backend's shards
   v1::SearchParams default_params_;
   bool allow_partial_ = false;
-  int64_t held_bytes_ = 0;  // of service_->answers_, for the step being answered
+  int64_t held_bytes_ = 0;        // of service_->answers_, for the step being answered
+  int64_t held_group_bytes_ = 0;  // of service_->stream_groups_, for session_groups_
 };
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>* RetrievalService::SearchStream(

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/request.h"
 #include "knnserve/v1/retrieval.grpc.pb.h"
@@ -30,16 +31,14 @@ struct ServiceMetrics {
   static ServiceMetrics For(MetricsRegistry* registry, const std::string& method);
 };
 
-// Bytes of answers admitted and not yet delivered (AnswerBytes of each call from its admission
-// until its answer was written, or the call ended). A client that does not read its answers
-// (HTTP/2 flow control) keeps them in the server's memory; beyond the budget new calls are
-// refused. `held_gauge` (borrowed) shows the bytes held. Thread-safe.
-class AnswerBudget {
+// Bytes that calls hold while they last, bounded: new calls are refused beyond the bound.
+// `held_gauge` (borrowed) shows the bytes held. Thread-safe.
+class ByteBudget {
  public:
-  AnswerBudget(int64_t max_bytes, Gauge* held_gauge)
+  ByteBudget(int64_t max_bytes, Gauge* held_gauge)
       : max_bytes_(max_bytes), held_gauge_(held_gauge) {}
-  // Takes `bytes`; false (nothing taken) when they would exceed the budget while other answers
-  // are held (a lone answer is always admitted, however large).
+  // Takes `bytes`; false (nothing taken) when they would exceed the budget while other calls
+  // hold bytes (a lone call is always admitted, however large).
   bool TryTake(int64_t bytes);
   void Give(int64_t bytes);
   int64_t held() const;
@@ -55,8 +54,13 @@ class AnswerBudget {
 struct RetrievalServiceOptions {
   // Bounds the sentence ids kept under subset_session tokens.
   int64_t subset_session_sentences = SubsetSessions::kDefaultMaxSentences;
-  // AnswerBudget's bound.
+  // Bytes of answers admitted and not yet delivered (AnswerBytes of each call from its
+  // admission until its answer was written, or the call ended): a client that does not read
+  // its answers (HTTP/2 flow control) keeps them in the server's memory.
   int64_t max_undelivered_answer_bytes = int64_t{1} << 30;
+  // Bytes of the subset groups that open streams declared at setup (8 per sentence id), held
+  // for each stream's life.
+  int64_t max_stream_group_bytes = int64_t{256} << 20;
 };
 
 // Thread-safe; `backend` and `metrics` must outlive the service and its calls.
@@ -76,8 +80,10 @@ class RetrievalService final : public v1::Retrieval::CallbackService {
 
  private:
   friend class StreamReactor;
-  // Takes AnswerBytes(query) from the budget; UNAVAILABLE (kShardOverloaded) when it is spent.
-  absl::Status AdmitAnswer(const SearchQuery& query);
+  // Takes `bytes` from `budget`; UNAVAILABLE (kShardOverloaded, naming `what` and `flag`) when
+  // it is spent.
+  absl::Status Admit(ByteBudget& budget, int64_t bytes, absl::string_view what,
+                     absl::string_view flag);
 
   // ParseSearchRequest against the backend's shape and the kept subset sessions, counting
   // what the request did with its subset_session token.
@@ -91,8 +97,9 @@ class RetrievalService final : public v1::Retrieval::CallbackService {
   const ServiceMetrics step_metrics_;
   const ServiceMetrics info_metrics_;
   SubsetSessions subset_sessions_;
-  AnswerBudget answers_;
-  Counter* const refused_undelivered_;
+  ByteBudget answers_;
+  ByteBudget stream_groups_;
+  MetricsRegistry* const metrics_;  // refusals are counted by reason
   // Requests whose subset_session token came with groups (kept), took kept groups, or named
   // a token this server does not hold.
   Counter* const sessions_declared_;

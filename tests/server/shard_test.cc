@@ -164,7 +164,7 @@ TEST(ShardTest, RefusesCallsBeyondTheUndeliveredAnswerBudget) {
   const grpc::Status status = CallSearch(stub.get(), request, &refused);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(status.error_message(), HasSubstr("shard overloaded"));
-  EXPECT_THAT(status.error_message(), HasSubstr("not yet delivered"));
+  EXPECT_THAT(status.error_message(), HasSubstr("MiB of undelivered answers held"));
   const v1::SearchResponse refused_step = step();
   EXPECT_EQ(refused_step.error_code(), grpc::StatusCode::UNAVAILABLE);
   shard.engine()->OpenGate();
@@ -178,6 +178,51 @@ TEST(ShardTest, RefusesCallsBeyondTheUndeliveredAnswerBudget) {
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_THAT(shard.metrics().RenderText(),
               HasSubstr("knnserve_refused_total{reason=\"undelivered_answers\"} 2"));
+}
+
+// The subset groups open streams declared at setup are bounded too: a setup beyond
+// --max-stream-groups-mib ends its stream UNAVAILABLE while other streams hold groups, and the
+// groups of a closed stream are given back.
+TEST(ShardTest, RefusesStreamSetupsBeyondTheStreamGroupBudget) {
+  TestShardOptions options;
+  options.service.max_stream_group_bytes = 100 * 8;
+  TestShard shard(0, SmallEngine(), options);
+  auto stub = Connect(shard.address());
+  struct Stream {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::SearchResponse>> stream;
+  };
+  const auto open = [&stub](int sentences) {
+    auto s = std::make_unique<Stream>();
+    s->stream = stub->SearchStream(&s->context);
+    v1::StreamRequest setup;
+    v1::SubsetGroup* group = setup.mutable_setup()->add_subset_groups();
+    for (int id = 0; id < sentences; ++id) group->add_sentence_ids(id);
+    EXPECT_TRUE(s->stream->Write(setup));
+    return s;
+  };
+  const auto close = [](Stream& s) {
+    s.stream->WritesDone();
+    return s.stream->Finish();
+  };
+  std::unique_ptr<Stream> first = open(60);
+  for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(),
+                                                 "knnserve_stream_group_bytes 480\n");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::unique_ptr<Stream> second = open(60);
+  const grpc::Status refused = close(*second);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), HasSubstr("MiB of stream subset groups held"));
+  EXPECT_TRUE(close(*first).ok());
+  for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(),
+                                                 "knnserve_stream_group_bytes 0\n");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::unique_ptr<Stream> third = open(60);
+  EXPECT_TRUE(close(*third).ok());
 }
 
 TEST(ShardTest, CountsRequestsInMetrics) {
