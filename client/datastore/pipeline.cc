@@ -233,6 +233,26 @@ absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer, ValuesBui
                      [&tokenizer](absl::string_view text) { return tokenizer.Encode(text); });
 }
 
+// A factory string faiss cannot build would fail the index step only after the keys, hours on
+// a large corpus: when that step will run, the factory is tried first for keys of the model's
+// width (d_model, the width of both key features).
+absl::Status CheckFactoryBeforeKeys(const BuildOptions& options,
+                                    const DatastoreManifest& manifest) {
+  IndexBuildOptions index = options.index;
+  index.threads = options.threads;
+  const auto recorded = manifest.step_options.find("index");
+  if (manifest.steps.count("index") > 0 && recorded != manifest.step_options.end() &&
+      recorded->second == IndexOptions(index)) {
+    return absl::OkStatus();  // built with these options: checked then
+  }
+  ASSIGN_OR_RETURN(const model::LoadedModel loaded, model::LoadCheckpoint(options.model_path));
+  const absl::Status status =
+      CheckIndexFactory(index, static_cast<int>(loaded.model->config().d_model));
+  if (status.ok()) return status;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--factory ", index.factory, ": ", status.message()));
+}
+
 absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& options) {
   std::error_code error;
   fs::create_directories(options.out_dir, error);
@@ -253,6 +273,7 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
                    ReadDatastoreManifest(options.out_dir));
   DatastoreManifest manifest = existing ? *existing : DatastoreManifest();
   RETURN_IF_ERROR(CheckInputs(manifest, inputs, options.out_dir));
+  RETURN_IF_ERROR(CheckFactoryBeforeKeys(options, manifest));
   manifest.inputs = inputs;
   Pipeline pipeline(options, std::move(manifest));
 

@@ -192,6 +192,10 @@ void RemoveIndex(const std::string& dir) {
   std::filesystem::remove(std::filesystem::path(dir) / kManifestFileName, ignored);
 }
 
+absl::Status CheckIndexFactory(const IndexBuildOptions& options, int dim) {
+  return FaissIndex::Create(options.factory, dim, options.metric, /*threads=*/1).status();
+}
+
 absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
                                          const std::string& out_dir) {

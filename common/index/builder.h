@@ -32,6 +32,11 @@ struct IndexBuildOptions {
   ProgressBar::Options progress;
 };
 
+// Whether faiss can make an index of `options.factory` and `options.metric` for keys of width
+// `dim` (INVALID_ARGUMENT naming the factory otherwise), without reading any key: a caller that
+// computes the keys first checks this before.
+absl::Status CheckIndexFactory(const IndexBuildOptions& options, int dim);
+
 // Removes the index in `dir`: its manifest and the files it lists (other files stay).
 void RemoveIndex(const std::string& dir);
 
