@@ -34,6 +34,7 @@
 #include "client/model/checkpoint.h"
 #include "client/tokenizer/tokenizer.h"
 #include "common/cli_checks.h"
+#include "common/datastore/values_file.h"
 #include "common/files.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
@@ -254,6 +255,24 @@ knn::ThreadPlan PlanThreads(const RetrievalFlags& flags, int threads, int64_t st
                            .step_rows = step_rows});
 }
 
+// --datastore names where provenance (values.h5) and the sentence index come from: the index
+// searched (--index, or the router's shards) must hold that datastore's tokens, or printed
+// sentences and subsets would name other tokens than those searched.
+absl::Status CheckRetrieverServesDatastore(const knn::RetrieverInfo& info,
+                                           const std::string& datastore) {
+  const std::string values_path = absl::StrCat(datastore, "/", kValuesFileName);
+  ASSIGN_OR_RETURN(const std::unique_ptr<ValuesReader> values, ValuesReader::Open(values_path));
+  const int64_t tokens = values->num_tokens(ValuesSide::kTarget);
+  if (info.total_vectors != tokens ||
+      (info.num_sentences != 0 && info.num_sentences != values->num_sentences())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the index searched holds ", info.total_vectors, " vectors of ", info.num_sentences,
+        " sentences, but ", values_path, " holds ", tokens, " tokens of ", values->num_sentences(),
+        " sentences: --datastore must be the datastore of that index"));
+  }
+  return absl::OkStatus();
+}
+
 // Opens what flags.mode needs: nothing for base; the retriever (embedded or remote), the subset
 // selector for subset-knn (searching on the search's threads, or `threads` when nothing runs
 // beside the model), and processors with flags.knn, as `plan` says. `full_searches`: the caller
@@ -285,6 +304,9 @@ absl::StatusOr<KnnSetup> MakeKnn(RetrievalFlags flags, const std::string& model_
     flags.remote.address = flags.router;
     flags.remote.step_deadline = absl::Milliseconds(flags.step_deadline_ms);
     ASSIGN_OR_RETURN(setup.retriever, knn::RemoteRetriever::Create(flags.remote));
+  }
+  if (!flags.datastore.empty()) {
+    RETURN_IF_ERROR(CheckRetrieverServesDatastore(setup.retriever->info(), flags.datastore));
   }
   if (flags.mode == "subset-knn") {
     std::string path = flags.sentence_index;

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,31 @@ TEST_F(PipelineTest, ABadFactoryFailsBeforeTheKeysAreComputed) {
     EXPECT_FALSE(fs::exists(Path("ds/") + kValuesFileName)) << factory;
     EXPECT_FALSE(fs::exists(Path("ds/") + kKeysFileName)) << factory;
   }
+}
+
+// translate's --datastore (provenance, sentence index) must be the datastore of the index it
+// searches: an --index of another datastore is refused before decoding, naming both sizes.
+TEST_F(PipelineTest, TranslateRefusesAnIndexOfAnotherDatastore) {
+  ASSERT_OK(BuildDatastore(Options()).status());
+  BuildOptions other = Options();
+  other.corpus_path = Write("half.tsv", [] {
+    std::ifstream in(knnserve::testing::kPairs50);
+    std::string line, text;
+    for (int i = 0; i < 25 && std::getline(in, line); ++i) text += line + "\n";
+    return text;
+  }());
+  other.out_dir = Path("other");
+  ASSERT_OK(BuildDatastore(other).status());
+  const std::string input = Write("input.txt", "a\n");
+  const std::string out = Path("translate.out");
+  const std::string command =
+      absl::StrCat(KNNSERVE_BIN, " translate --model ", Tiny().model_path, " --input ", input,
+                   " --output ", Path("hyp.txt"), " --mode knn --datastore ", Path("ds"),
+                   " --index ", Path("other/index"), " > ", out, " 2>&1");
+  EXPECT_NE(std::system(command.c_str()), 0);
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("--datastore must be the datastore of that index"));
 }
 
 TEST_F(PipelineTest, AFailedRebuildWithBadIndexOptionsKeepsTheOldIndex) {
