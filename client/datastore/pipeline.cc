@@ -233,24 +233,41 @@ absl::StatusOr<ValuesReport> RunValuesStep(const Tokenizer& tokenizer, ValuesBui
                      [&tokenizer](absl::string_view text) { return tokenizer.Encode(text); });
 }
 
-// A factory string faiss cannot build would fail the index step only after the keys, hours on
-// a large corpus: when that step will run, the factory is tried first for keys of the model's
-// width (d_model, the width of both key features).
-absl::Status CheckFactoryBeforeKeys(const BuildOptions& options,
-                                    const DatastoreManifest& manifest) {
+// The options of the index step, or of the sentence index step.
+IndexBuildOptions IndexStepOptions(const BuildOptions& options, bool sentences) {
   IndexBuildOptions index = options.index;
   index.threads = options.threads;
-  const auto recorded = manifest.step_options.find("index");
-  if (manifest.steps.count("index") > 0 && recorded != manifest.step_options.end() &&
-      recorded->second == IndexOptions(index)) {
-    return absl::OkStatus();  // built with these options: checked then
+  if (sentences) {
+    index.factory = options.sentence_factory;
+    index.shards = 1;
   }
-  ASSIGN_OR_RETURN(const model::LoadedModel loaded, model::LoadCheckpoint(options.model_path));
-  const absl::Status status =
-      CheckIndexFactory(index, static_cast<int>(loaded.model->config().d_model));
-  if (status.ok()) return status;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--factory ", index.factory, ": ", status.message()));
+  return index;
+}
+
+// A factory string faiss cannot build would fail an index step only after the keys, hours on
+// a large corpus: for each index step that will run, the factory is tried first for keys of
+// the model's width (d_model: the width of both key features and of the sentence embeddings).
+absl::Status CheckFactoriesBeforeKeys(const BuildOptions& options,
+                                      const DatastoreManifest& manifest) {
+  std::optional<int> dim;
+  for (const bool sentences : {false, true}) {
+    const IndexBuildOptions index = IndexStepOptions(options, sentences);
+    const std::string step = sentences ? "sentence_index" : "index";
+    const auto recorded = manifest.step_options.find(step);
+    if (manifest.steps.count(step) > 0 && recorded != manifest.step_options.end() &&
+        recorded->second == IndexOptions(index)) {
+      continue;  // built with these options: checked then
+    }
+    if (!dim.has_value()) {
+      ASSIGN_OR_RETURN(const model::LoadedModel loaded, model::LoadCheckpoint(options.model_path));
+      dim = static_cast<int>(loaded.model->config().d_model);
+    }
+    if (const absl::Status status = CheckIndexFactory(index, *dim); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sentences ? "--sentence-factory " : "--factory ", index.factory, ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& options) {
@@ -273,7 +290,7 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
                    ReadDatastoreManifest(options.out_dir));
   DatastoreManifest manifest = existing ? *existing : DatastoreManifest();
   RETURN_IF_ERROR(CheckInputs(manifest, inputs, options.out_dir));
-  RETURN_IF_ERROR(CheckFactoryBeforeKeys(options, manifest));
+  RETURN_IF_ERROR(CheckFactoriesBeforeKeys(options, manifest));
   manifest.inputs = inputs;
   Pipeline pipeline(options, std::move(manifest));
 
@@ -323,12 +340,7 @@ absl::StatusOr<std::vector<StepResult>> BuildDatastore(const BuildOptions& optio
   for (const bool sentences : {false, true}) {
     const std::string dir_name = sentences ? kSentenceIndexDirName : kIndexDirName;
     const std::string dir = Join(options.out_dir, dir_name);
-    IndexBuildOptions index = options.index;
-    index.threads = options.threads;
-    if (sentences) {
-      index.factory = options.sentence_factory;
-      index.shards = 1;
-    }
+    const IndexBuildOptions index = IndexStepOptions(options, sentences);
     StepSpec step;
     step.name = sentences ? "sentence_index" : "index";
     step.output = Join(dir_name, kManifestFileName);

@@ -134,18 +134,21 @@ TEST_F(PipelineTest, KeysPublishedButNotRecordedAreAdoptedOnlyInTheDtypeAskedFor
   EXPECT_EQ(type, Hdf5Type::kFloat32);
 }
 
-// A factory string faiss cannot build fails the build before the values and the keys are
-// computed (hours on a real corpus), naming the flag and the string; a factory that does not
-// fit the model's key width (PQ7 of 32 dimensions) too.
+// A factory string faiss cannot build, for the index or the sentence index, fails the build
+// before the values and the keys are computed (hours on a real corpus), naming the flag and the
+// string; a factory that does not fit the model's key width (PQ7 of 32 dimensions) too.
 TEST_F(PipelineTest, ABadFactoryFailsBeforeTheKeysAreComputed) {
-  for (const char* factory : {"Bogus", "IVF4,PQ7"}) {
-    BuildOptions bad = Options();
-    bad.index.factory = factory;
-    EXPECT_THAT(BuildDatastore(bad),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr(absl::StrCat("--factory ", factory, ": "))));
-    EXPECT_FALSE(fs::exists(Path("ds/") + kValuesFileName)) << factory;
-    EXPECT_FALSE(fs::exists(Path("ds/") + kKeysFileName)) << factory;
+  for (const bool sentences : {false, true}) {
+    for (const char* factory : {"Bogus", "IVF4,PQ7"}) {
+      BuildOptions bad = Options();
+      (sentences ? bad.sentence_factory : bad.index.factory) = factory;
+      EXPECT_THAT(BuildDatastore(bad),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr(absl::StrCat(sentences ? "--sentence-factory " : "--factory ",
+                                                  factory, ": "))));
+      EXPECT_FALSE(fs::exists(Path("ds/") + kValuesFileName)) << factory;
+      EXPECT_FALSE(fs::exists(Path("ds/") + kKeysFileName)) << factory;
+    }
   }
 }
 
