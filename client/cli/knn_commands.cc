@@ -137,7 +137,8 @@ void NoteUnusedFlags(const CLI::App& cmd, const RetrievalFlags& f) {
   if (f.mode == "base") {
     for (const char* flag : {"--datastore", "--index", "--router", "--knn-config", "--knn-topk",
                              "--knn-temperature", "--knn-weight", "--knn-nprobe", "--knn-threshold",
-                             "--subset-sentences", "--sentence-index"}) {
+                             "--subset-sentences", "--sentence-index", "--search-threads",
+                             "--interleave-batches"}) {
       if (given(flag)) unused.push_back(flag);
     }
   } else if (f.mode != "subset-knn") {
@@ -149,7 +150,9 @@ void NoteUnusedFlags(const CLI::App& cmd, const RetrievalFlags& f) {
                            "--step-deadline-ms", "--retries"}) {
     if (!remote && given(flag)) unused.push_back(flag);
   }
-  if (remote && given("--search-threads")) unused.push_back("--search-threads");
+  if (remote && f.mode != "base" && given("--search-threads")) {
+    unused.push_back("--search-threads");
+  }
   if (!unused.empty()) {
     std::fprintf(stderr, "note: not used by --mode %s%s: %s\n", f.mode.c_str(),
                  remote ? " with --router" : " in-process", absl::StrJoin(unused, ", ").c_str());

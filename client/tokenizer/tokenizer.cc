@@ -78,8 +78,8 @@ absl::Status RunTool(const std::vector<std::string>& argv) {
 
 absl::StatusOr<const spm_shim::Library*> OpenLibrary() {
   std::string errors;
-  for (const std::string& path : HelperCandidates("KNNSERVE_SPM_MODULE", "libknnserve_spm.so",
-                                                  KNNSERVE_SPM_MODULE_PATH)) {
+  for (const std::string& path :
+       HelperCandidates("KNNSERVE_SPM_MODULE", "libknnserve_spm.so", KNNSERVE_SPM_MODULE_PATH)) {
     if (!std::filesystem::exists(path)) continue;
     // RTLD_DEEPBIND: SentencePiece must bind to its own bundled protobuf (see the shim header).
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
@@ -87,8 +87,8 @@ absl::StatusOr<const spm_shim::Library*> OpenLibrary() {
       absl::StrAppend(&errors, " ", ::dlerror());
       continue;
     }
-    auto get = reinterpret_cast<spm_shim::GetLibraryFn>(
-        ::dlsym(handle, spm_shim::kGetLibrarySymbol));
+    auto get =
+        reinterpret_cast<spm_shim::GetLibraryFn>(::dlsym(handle, spm_shim::kGetLibrarySymbol));
     if (get == nullptr) {
       absl::StrAppend(&errors, " ", path, " lacks ", spm_shim::kGetLibrarySymbol);
       continue;
@@ -96,8 +96,7 @@ absl::StatusOr<const spm_shim::Library*> OpenLibrary() {
     return get();
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "cannot load the SentencePiece module libknnserve_spm.so (set KNNSERVE_SPM_MODULE)",
-      errors));
+      "cannot load the SentencePiece module libknnserve_spm.so (set KNNSERVE_SPM_MODULE)", errors));
 }
 
 // Loaded once per process and never unloaded.
@@ -111,9 +110,8 @@ absl::StatusOr<const spm_shim::Library*> Library() {
 absl::Status TrainTokenizer(const TokenizerTrainOptions& options) {
   if (options.model_prefix.empty() ||
       options.model_prefix.find_first_of(" \t") != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer model prefix must be non-empty without spaces: '",
-                     options.model_prefix, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer model prefix must be non-empty without spaces: '", options.model_prefix, "'"));
   }
   if (options.vocab_size < 8) {
     return absl::InvalidArgumentError(
@@ -157,7 +155,9 @@ absl::Status TrainTokenizer(const TokenizerTrainOptions& options) {
 
 Tokenizer::Tokenizer(std::string serialized, std::unique_ptr<spm_shim::Processor> processor,
                      Vocabulary vocab)
-    : serialized_(std::move(serialized)), processor_(std::move(processor)), vocab_(std::move(vocab)) {
+    : serialized_(std::move(serialized)),
+      processor_(std::move(processor)),
+      vocab_(std::move(vocab)) {
   for (size_t i = 0; i < vocab_.source.size(); ++i) {
     source_ids_.emplace(vocab_.source[i], static_cast<int>(i));  // first occurrence wins
   }
@@ -167,7 +167,12 @@ Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   ASSIGN_OR_RETURN(std::string serialized, ReadFile(path));
-  return FromSerialized(std::move(serialized));
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = FromSerialized(std::move(serialized));
+  if (!tokenizer.ok()) {
+    return absl::Status(tokenizer.status().code(),
+                        absl::StrCat("tokenizer ", path, ": ", tokenizer.status().message()));
+  }
+  return tokenizer;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSerialized(std::string serialized,

@@ -1,6 +1,7 @@
 #include "client/tokenizer/tokenizer.h"
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "client/data/parallel_corpus.h"
@@ -83,6 +84,11 @@ TEST_F(TokenizerTest, BadInputsGiveClearErrors) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/spm.model")));
   EXPECT_THAT(Tokenizer::FromSerialized("garbage"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sentencepiece")));
+  // A file that is not a SentencePiece model: the error names it.
+  const std::string not_a_model = (*dir_ / "not_a_model.txt").string();
+  std::ofstream(not_a_model) << "garbage";
+  EXPECT_THAT(Tokenizer::Load(not_a_model), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                     HasSubstr("tokenizer " + not_a_model + ": ")));
   TokenizerTrainOptions options;
   options.tsv_path = kPairs;
   options.model_prefix = "has space";
