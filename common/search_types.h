@@ -5,8 +5,9 @@
 
 #include <cstdint>
 #include <limits>
-#include "absl/strings/string_view.h"
 #include <vector>
+
+#include "absl/strings/string_view.h"
 
 namespace knnserve {
 
@@ -34,6 +35,13 @@ inline bool RanksBefore(Metric metric, float a, int64_t id_a, float b, int64_t i
 
 // For each subset group, the datastore sentence ids it may match (distinct, in range).
 using SubsetGroups = std::vector<std::vector<int64_t>>;
+
+// The sentence ids of all groups together.
+inline int64_t TotalSentenceIds(const SubsetGroups& groups) {
+  int64_t total = 0;
+  for (const std::vector<int64_t>& group : groups) total += static_cast<int64_t>(group.size());
+  return total;
+}
 
 // Per-call search parameters. Zero nprobe/ef_search means "the index's default".
 struct SearchParams {

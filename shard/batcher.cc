@@ -71,12 +71,7 @@ Batcher::~Batcher() {
 }
 
 int64_t QueuedBytes(const SearchQuery& query) {
-  int64_t ids = 0;
-  if (query.declares_groups) {
-    for (const std::vector<int64_t>& group : *query.subset_groups) {
-      ids += static_cast<int64_t>(group.size());
-    }
-  }
+  const int64_t ids = query.declares_groups ? TotalSentenceIds(*query.subset_groups) : 0;
   return query.queries.size() * static_cast<int64_t>(sizeof(float)) +
          ids * static_cast<int64_t>(sizeof(int64_t)) + AnswerBytes(query);
 }

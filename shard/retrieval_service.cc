@@ -180,12 +180,13 @@ grpc::ServerUnaryReactor* RetrievalService::Search(grpc::CallbackServerContext* 
     reactor->Complete(query.status());
     return reactor;
   }
-  if (absl::Status admitted = Admit(answers_, AnswerBytes(*query), kUndelivered, kUndeliveredFlag);
+  const int64_t answer_bytes = AnswerBytes(*query);
+  if (absl::Status admitted = Admit(answers_, answer_bytes, kUndelivered, kUndeliveredFlag);
       !admitted.ok()) {
     reactor->Complete(admitted);
     return reactor;
   }
-  reactor->Hold(&answers_, AnswerBytes(*query));
+  reactor->Hold(&answers_, answer_bytes);
   call.query = *std::move(query);
   backend_->Search(std::move(call), [reactor, response](absl::StatusOr<SearchAnswer> answer) {
     if (answer.ok()) FillResponse(*answer, response);
@@ -273,9 +274,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
     if (setup.subset_groups_size() > 0) {
       ASSIGN_OR_RETURN(SubsetGroups groups,
                        ParseSubsetGroups(setup.subset_groups(), shape, service_->limits_));
-      int64_t ids = 0;
-      for (const std::vector<int64_t>& group : groups) ids += static_cast<int64_t>(group.size());
-      const int64_t bytes = ids * static_cast<int64_t>(sizeof(int64_t));
+      const int64_t bytes = TotalSentenceIds(groups) * static_cast<int64_t>(sizeof(int64_t));
       RETURN_IF_ERROR(
           service_->Admit(service_->stream_groups_, bytes, kStreamGroups, kStreamGroupsFlag));
       held_group_bytes_ = bytes;
@@ -310,13 +309,14 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
       Answer(query.status(), *metrics);
       return;
     }
-    if (absl::Status admitted = service_->Admit(service_->answers_, AnswerBytes(*query),
-                                                kUndelivered, kUndeliveredFlag);
+    const int64_t answer_bytes = AnswerBytes(*query);
+    if (absl::Status admitted =
+            service_->Admit(service_->answers_, answer_bytes, kUndelivered, kUndeliveredFlag);
         !admitted.ok()) {
       Answer(admitted, *metrics);
       return;
     }
-    held_bytes_ = AnswerBytes(*query);
+    held_bytes_ = answer_bytes;
     SearchCall call{*std::move(query), deadline_, cancel_};
     service_->backend_->Search(std::move(call),
                                [this, metrics](absl::StatusOr<SearchAnswer> answer) {

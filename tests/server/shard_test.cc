@@ -22,6 +22,14 @@ std::unique_ptr<SearchEngine> SmallEngine() {
   return std::make_unique<FlatEngine>(MakeDatastore(100, kDim, 6, 7), 20, 80);
 }
 
+// Waits up to 10 s for `line` among the shard's metrics: a server updates its gauges when a
+// call's last callback runs, which may be just after the client saw the call end.
+void WaitForMetricLine(TestShard& shard, const std::string& line) {
+  for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(), line + "\n"); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 TEST(ShardTest, AnswersLikeTheEngineWithCoverage) {
   TestShard shard(3, SmallEngine());
   auto stub = Connect(shard.address());
@@ -145,11 +153,7 @@ TEST(ShardTest, RefusesCallsBeyondTheUndeliveredAnswerBudget) {
   // The server gives an answer's bytes back once the answer is written, which may be just
   // after the client has read it.
   const auto wait_until_delivered = [&shard] {
-    for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(),
-                                                   "knnserve_undelivered_answer_bytes 0\n");
-         ++i) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    WaitForMetricLine(shard, "knnserve_undelivered_answer_bytes 0");
   };
   EXPECT_EQ(step().error_code(), 0);
   wait_until_delivered();
@@ -206,21 +210,13 @@ TEST(ShardTest, RefusesStreamSetupsBeyondTheStreamGroupBudget) {
     return s.stream->Finish();
   };
   std::unique_ptr<Stream> first = open(60);
-  for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(),
-                                                 "knnserve_stream_group_bytes 480\n");
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitForMetricLine(shard, "knnserve_stream_group_bytes 480");
   std::unique_ptr<Stream> second = open(60);
   const grpc::Status refused = close(*second);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(refused.error_message(), HasSubstr("MiB of stream subset groups held"));
   EXPECT_TRUE(close(*first).ok());
-  for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(),
-                                                 "knnserve_stream_group_bytes 0\n");
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitForMetricLine(shard, "knnserve_stream_group_bytes 0");
   std::unique_ptr<Stream> third = open(60);
   EXPECT_TRUE(close(*third).ok());
 }
