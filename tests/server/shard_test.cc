@@ -177,6 +177,7 @@ TEST(ShardTest, RefusesCallsBeyondTheUndeliveredAnswerBudget) {
 
   v1::SearchResponse again;
   EXPECT_TRUE(CallSearch(stub.get(), request, &again).ok());
+  wait_until_delivered();  // or the step below could find `again`'s bytes still held
   EXPECT_EQ(step().error_code(), 0);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
