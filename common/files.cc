@@ -25,6 +25,7 @@ namespace knnserve {
 namespace {
 
 constexpr absl::string_view kTemporarySuffix = ".knnserve-tmp.";
+constexpr char kLockFileName[] = ".knnserve.lock";
 
 // Whether process `pid` exists (EPERM: it does, another user's).
 bool ProcessRuns(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
@@ -228,7 +229,7 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std:
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
-  const std::string path = (std::filesystem::path(dir) / ".knnserve.lock").string();
+  const std::string path = (std::filesystem::path(dir) / kLockFileName).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot open", path);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -241,6 +242,21 @@ absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std:
     return absl::ErrnoToStatus(err, absl::StrCat("cannot lock ", path));
   }
   return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd));
+}
+
+void DirectoryLock::ReleaseAndRemoveIfEmpty(std::unique_ptr<DirectoryLock> lock) {
+  const std::filesystem::path dir(lock->dir_);
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator(dir, error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    if (it->path().filename() != kLockFileName) return;
+  }
+  if (error) return;
+  // Unlinked while still held: a command that opens the lock meanwhile makes a new lock file,
+  // and then the directory is no longer empty and stays.
+  std::filesystem::remove(dir / kLockFileName, error);
+  lock.reset();
+  std::filesystem::remove(dir, error);
 }
 
 DirectoryLock::~DirectoryLock() { ::close(fd_); }

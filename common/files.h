@@ -64,6 +64,11 @@ class DirectoryLock {
   // Returns how many were removed.
   int RemoveDebris() const;
 
+  // Releases `lock` and removes its directory when nothing but the lock file is in it: a
+  // command that created the directory and then failed leaves none behind. A directory that
+  // holds anything else is kept, the lock file with it.
+  static void ReleaseAndRemoveIfEmpty(std::unique_ptr<DirectoryLock> lock);
+
  private:
   DirectoryLock(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
   const std::string dir_;

@@ -116,13 +116,15 @@ int main(int argc, char** argv) {
   app.add_option("--shards", flags.shards_file,
                  "shard map: one line per shard, 'ID ADDRESS [ADDRESS...]'")
       ->required();
-  app.add_flag("--no-hedge", flags.no_hedge, "never send a second request to another replica");
+  CLI::Option* no_hedge =
+      app.add_flag("--no-hedge", flags.no_hedge, "never send a second request to another replica");
   app.add_flag("--no-subset-sessions", flags.no_subset_sessions,
                "send a stream's subset groups to the shards with every step, not once per "
                "replica under a subset_session token (for shards that predate the token)");
   app.add_option("--hedge-delay-ms", flags.hedge_delay_ms,
                  "hedge after this delay (0: the shard's observed p95 latency)")
       ->check(knnserve::FiniteRange(0.0, 3600e3))
+      ->excludes(no_hedge)
       ->capture_default_str();
   app.add_option("--timeout-ms", flags.timeout_ms,
                  "deadline for requests that set none (or a later one)")
@@ -135,6 +137,12 @@ int main(int argc, char** argv) {
   app.add_option("--shard-tls-server-name", flags.shard_tls_server_name,
                  "name the shards' certificates carry, when not their address's host");
   CLI11_PARSE(app, argc, argv);
+  if (!flags.shard_tls_server_name.empty() && !flags.server.tls.enabled()) {
+    return app.exit(
+        CLI::ValidationError("--shard-tls-server-name",
+                             "names the shards' TLS certificates, and the router calls its "
+                             "shards over TLS only with --tls-cert/--tls-key/--tls-ca"));
+  }
   flags.server.InitLogging("router");
   return knnserve::Run(flags);
 }

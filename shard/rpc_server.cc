@@ -37,11 +37,16 @@ absl::Status CheckPair(const TlsFiles& tls) {
   return absl::OkStatus();
 }
 
-std::string HostOf(const std::string& listen) {
+// The address a client on this machine dials to reach a server listening on `listen`, bound
+// to `port`: a unix socket's own name, else the host (loopback for a wildcard) and the port.
+std::string DialAddress(const std::string& listen, int port) {
+  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) {
+    return listen;
+  }
   const size_t colon = listen.rfind(':');
   std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
   if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  return host;
+  return absl::StrCat(host, ":", port);
 }
 
 // gRPC takes int sizes, and protobuf cannot parse messages of 2 GiB or more.
@@ -133,17 +138,15 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(const RpcServerOptio
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
   auto rpc_server =
-      absl::WrapUnique(new RpcServer(std::move(server), HostOf(options.listen), port));
+      absl::WrapUnique(new RpcServer(std::move(server), DialAddress(options.listen, port), port));
   rpc_server->SetServing(false);
   return rpc_server;
 }
 
-RpcServer::RpcServer(std::unique_ptr<grpc::Server> server, std::string host, int port)
-    : server_(std::move(server)), host_(std::move(host)), port_(port) {}
+RpcServer::RpcServer(std::unique_ptr<grpc::Server> server, std::string address, int port)
+    : server_(std::move(server)), address_(std::move(address)), port_(port) {}
 
 RpcServer::~RpcServer() { Shutdown(absl::ZeroDuration()); }
-
-std::string RpcServer::address() const { return absl::StrCat(host_, ":", port_); }
 
 void RpcServer::SetServing(bool serving) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();

@@ -51,8 +51,10 @@ class RpcServer {
                                                           grpc::Service* service);
   ~RpcServer();
 
-  int port() const { return port_; }
-  std::string address() const;
+  int port() const { return port_; }  // bound port; 1 for a unix socket (gRPC's report)
+  // What a client on this machine dials: host:port (127.0.0.1 for a wildcard host) or the
+  // unix socket's address as given.
+  const std::string& address() const { return address_; }
 
   void SetServing(bool serving);
   // Drain: health NOT_SERVING, stop accepting calls, let in-flight calls finish until `grace`
@@ -60,10 +62,10 @@ class RpcServer {
   void Shutdown(absl::Duration grace);
 
  private:
-  RpcServer(std::unique_ptr<grpc::Server> server, std::string host, int port);
+  RpcServer(std::unique_ptr<grpc::Server> server, std::string address, int port);
 
   std::unique_ptr<grpc::Server> server_;
-  const std::string host_;
+  const std::string address_;
   const int port_;
   std::atomic<bool> shut_down_{false};
 };

@@ -119,7 +119,7 @@ void RegisterValues(CLI::App& parent) {
   cmd->add_option("--out", f->dir, "datastore directory")->required();
   cmd->add_option("--max-tokens", f->options.max_tokens,
                   "longest side kept, tokens with EOS (longer lines are bad lines)")
-      ->check(CLI::Range(1, 1 << 24))
+      ->check(CLI::Range(2, 1 << 24))  // a token and its EOS
       ->capture_default_str();
   cmd->add_flag("--strict", f->options.strict, "a bad corpus line is an error");
   cmd->add_option("--threads", f->options.threads, "tokenizer threads")
@@ -215,7 +215,7 @@ void RegisterBuild(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--sentence-factory", o->sentence_factory)->capture_default_str();
   cmd->add_option("--max-tokens", o->max_sentence_tokens, "longest side kept (tokens with EOS)")
-      ->check(CLI::Range(1, 1 << 24))
+      ->check(CLI::Range(2, 1 << 24))  // a token and its EOS
       ->capture_default_str();
   cmd->add_flag("--strict", o->strict, "a bad corpus line is an error");
   cmd->add_option("--feature", f->feature, "decoder_out | ffn_in")->capture_default_str();

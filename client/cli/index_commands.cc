@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -77,6 +78,7 @@ struct SearchFlags {
   int batch = RequestLimits().max_rows;  // rows per search call
   int shard = -1;                        // -1: all shards merged
   std::string subset;
+  bool subset_given = false;  // --subset "" is an empty subset, not a full search
   IndexEngineOptions engine;
   SearchParams params;
 };
@@ -108,13 +110,37 @@ void PrintNeighbors(const Neighbors& n, int64_t first_row) {
   }
 }
 
+// A search parameter the search would not use is refused rather than ignored: a user who
+// set it expects it to change the answer.
+absl::Status CheckParamsApply(const SearchFlags& f, const std::string& factory) {
+  const auto refuse = [&](absl::string_view flag, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
+  };
+  const bool ivf = absl::StrContains(factory, "IVF");
+  const bool hnsw = absl::StrContains(factory, "HNSW");
+  if (f.subset_given && (f.params.nprobe > 0 || f.params.ef_search > 0)) {
+    return refuse(f.params.nprobe > 0 ? "--nprobe" : "--ef-search",
+                  "a --subset search scans its sentences' codes, it probes no lists");
+  }
+  if (f.params.nprobe > 0 && !ivf) {
+    return refuse("--nprobe", absl::StrCat("the index in ", f.dir, " (\"", factory,
+                                           "\") has no IVF lists to probe"));
+  }
+  if (f.params.ef_search > 0 && !hnsw) {
+    return refuse("--ef-search",
+                  absl::StrCat("the index in ", f.dir, " (\"", factory, "\") has no HNSW graph"));
+  }
+  return absl::OkStatus();
+}
+
 void RunSearch(const SearchFlags& f) {
   std::unique_ptr<SearchEngine> engine = ValueOrExit(
       f.shard < 0 ? CreateLocalEngine(f.dir, f.engine) : CreateEngine(f.dir, f.shard, f.engine));
+  ExitOnError(CheckParamsApply(f, engine->info().factory));
   std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
   const int64_t rows = std::min(f.rows, source->rows());
   const std::vector<int64_t> subset =
-      f.subset.empty() ? std::vector<int64_t>() : ParseSentences(f.subset);
+      f.subset_given ? ParseSentences(f.subset) : std::vector<int64_t>();
   // Limits sized to this call: the checks a server makes, not its budget.
   RequestLimits limits;
   limits.max_k = f.params.k;
@@ -137,7 +163,7 @@ void RunSearch(const SearchFlags& f) {
     request.mutable_params()->set_k(f.params.k);
     request.mutable_params()->set_nprobe(f.params.nprobe);
     request.mutable_params()->set_ef_search(f.params.ef_search);
-    if (!subset.empty()) {
+    if (f.subset_given) {
       request.add_subset_groups()->mutable_sentence_ids()->Assign(subset.begin(), subset.end());
       for (int64_t r = 0; r < count; ++r) request.add_row_group(0);
     }
@@ -190,7 +216,9 @@ void RegisterIndexCommands(CLI::App& app) {
   b->add_option("--chunk-rows", build->options.chunk_rows, "rows read and added per step")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
-  b->add_option("--seed", build->options.seed, "training sample seed")->capture_default_str();
+  b->add_option("--seed", build->options.seed, "training sample seed")
+      ->check(CLI::NonNegativeNumber)  // a uint64: "-1" would wrap to 2^64 - 1
+      ->capture_default_str();
   b->callback([build] { RunBuild(*build); });
 
   auto search = std::make_shared<SearchFlags>();
@@ -216,11 +244,15 @@ void RegisterIndexCommands(CLI::App& app) {
   s->add_option("--shard", search->shard, "one shard only (-1: all, merged)")
       ->check(CLI::Range(-1, 1 << 16))
       ->capture_default_str();
-  s->add_option("--subset", search->subset, "comma-separated sentence ids: subset search");
+  CLI::Option* subset =
+      s->add_option("--subset", search->subset, "comma-separated sentence ids: subset search");
   s->add_option("--threads", search->engine.threads, "OpenMP threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  s->callback([search] { RunSearch(*search); });
+  s->callback([search, subset] {
+    search->subset_given = subset->count() > 0;
+    RunSearch(*search);
+  });
 
   auto dir = std::make_shared<std::string>();
   CLI::App* i = index->add_subcommand("info", "Print an index directory's manifest");

@@ -38,7 +38,7 @@ void RegisterTokenizer(CLI::App& app) {
   train->add_option("--model-type", options->model_type, "unigram | bpe")->capture_default_str();
   train->add_option("--sample-lines", options->sample_lines, "random lines used (<= 0: all)")
       ->capture_default_str();
-  train->add_option("--seed", options->seed)->capture_default_str();
+  train->add_option("--seed", options->seed)->check(CLI::NonNegativeNumber)->capture_default_str();
   train->add_option("--threads", options->threads)
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -96,7 +96,7 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--valid-bleu-sentences", o->valid_bleu_sentences)->capture_default_str();
   cmd->add_option("--log-every", o->log_every_steps)->capture_default_str();
   cmd->add_flag("--bf16", o->bf16, "bfloat16 autocast for forward passes (fp32 master weights)");
-  cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_option("--seed", o->seed)->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--threads", o->threads)->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->callback([o, heads, ffn, pre_norm] {
     o->model.encoder_heads = o->model.decoder_heads = *heads;

@@ -196,13 +196,13 @@ absl::Status CheckIndexFactory(const IndexBuildOptions& options, int dim) {
   return FaissIndex::Create(options.factory, dim, options.metric, /*threads=*/1).status();
 }
 
-absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
+namespace {
+
+// BuildIndex's work, in a directory the caller has locked.
+absl::StatusOr<IndexManifest> WriteIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
                                          const std::string& out_dir) {
-  RETURN_IF_ERROR(CheckOptions(keys, values, options));
   std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   StagedFiles staged(out_dir);
 
   ASSIGN_OR_RETURN(
@@ -285,6 +285,21 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
   RETURN_IF_ERROR(staged.Publish());
   RETURN_IF_ERROR(WriteManifest(out_dir, manifest).status());
   if (previous.ok()) RemoveFilesNoLongerListed(out_dir, *previous, manifest);
+  return manifest;
+}
+
+}  // namespace
+
+absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
+                                         const IndexBuildOptions& options,
+                                         const std::string& out_dir) {
+  RETURN_IF_ERROR(CheckOptions(keys, values, options));
+  std::error_code ec;
+  const bool created = !std::filesystem::exists(out_dir, ec);
+  ASSIGN_OR_RETURN(std::unique_ptr<DirectoryLock> lock, DirectoryLock::Acquire(out_dir));
+  lock->RemoveDebris();  // the staged files of builds that were killed
+  absl::StatusOr<IndexManifest> manifest = WriteIndex(keys, values, options, out_dir);
+  if (!manifest.ok() && created) DirectoryLock::ReleaseAndRemoveIfEmpty(std::move(lock));
   return manifest;
 }
 

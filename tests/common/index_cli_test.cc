@@ -71,12 +71,40 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
   const int64_t subset_tokens = ds.values.offsets[2];
   EXPECT_THAT(subset, HasSubstr(absl::StrCat(subset_tokens, " vectors searched")));
 
-  // Checked like a server's requests: sentence ids in range and not empty.
-  for (const char* bad : {"0,,1", "-1", "99999"}) {
+  // Checked like a server's requests: sentence ids in range and not empty; an empty --subset
+  // is refused, not searched as a full search.
+  for (const char* bad : {"0,,1", "-1", "99999", ""}) {
     EXPECT_THROW(RunCli({"index", "search", dir + "/index", "--queries", dir + "/keys.h5", "--rows",
                          "1", "--subset", bad}),
                  CLI::RuntimeError)
         << bad;
+  }
+}
+
+// Search flags the search would not use are refused, not ignored: --nprobe of an index without
+// IVF lists or of a subset search, --ef-search of an index without an HNSW graph.
+TEST(IndexCli, SearchRefusesParametersTheSearchWouldNotUse) {
+  const std::string dir = testing::FreshTempDir("cli_params").string();
+  const testing::Datastore ds = testing::MakeDatastore(300, 8, 5, 8);
+  ASSERT_THAT(WriteKeysHdf5(dir + "/keys.h5", ds.keys.view(), /*fp16=*/false), IsOk());
+  ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());
+  for (const char* factory : {"Flat", "IVF4,PQ4"}) {
+    RunCli({"index", "build", "--keys", dir + "/keys.h5", "--values", dir + "/values.h5",
+            "--factory", factory, "--out", dir + "/" + factory, "--subset-m", "4"});
+  }
+  const auto search = [&dir](const std::string& index, std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "index", "search", dir + "/" + index, "--queries", dir + "/keys.h5", "--rows", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunCli(args);
+  };
+  EXPECT_THAT(search("IVF4,PQ4", {"--nprobe", "2"}), HasSubstr("# 1 queries"));
+  for (const auto& [index, extra] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"Flat", {"--nprobe", "2"}},
+           {"Flat", {"--ef-search", "16"}},
+           {"IVF4,PQ4", {"--ef-search", "16"}},
+           {"IVF4,PQ4", {"--subset", "0", "--nprobe", "2"}}}) {
+    EXPECT_THROW(search(index, extra), CLI::RuntimeError) << index << " " << extra[0];
   }
 }
 
@@ -113,7 +141,8 @@ TEST(IndexCli, OutOfRangeFlagsAreRefusedAtParse) {
         {"index", "search", "dir", "--queries", "q.h5", "--k", "0"},
         {"index", "search", "dir", "--queries", "q.h5", "--shard", "-2"},
         {"index", "build", "--keys", "k.h5", "--out", "o", "--shards", "0"},
-        {"index", "build", "--keys", "k.h5", "--out", "o", "--threads", "0"}}) {
+        {"index", "build", "--keys", "k.h5", "--out", "o", "--threads", "0"},
+        {"index", "build", "--keys", "k.h5", "--out", "o", "--seed", "-1"}}) {
     EXPECT_THROW(RunCli(args), CLI::ValidationError) << args[args.size() - 2];
   }
 }

@@ -404,7 +404,7 @@ TEST(Hdf5Datastore, ARebuildRemovesTheFilesOfTheIndexItReplaces) {
   options.factory = "Flat";
   options.shards = 1;
   ASSERT_OK_AND_ASSIGN(const IndexManifest new_index, BuildIndex(keys, &values, options, dir));
-  std::vector<std::string> expected = {"manifest.json", "notes.txt"};
+  std::vector<std::string> expected = {"manifest.json", "notes.txt", ".knnserve.lock"};
   for (const ManifestFile& f : new_index.Files()) expected.push_back(f.file);
   EXPECT_THAT(FilesIn(dir), ::testing::UnorderedElementsAreArray(expected));
   EXPECT_GT(old_index.Files().size(), new_index.Files().size());
@@ -441,12 +441,46 @@ TEST(IndexBuild, AFailedRebuildKeepsTheIndexItWouldReplace) {
 
   ASSERT_OK_AND_ASSIGN(const IndexManifest after, ReadManifest(dir));
   EXPECT_EQ(after.ToJson(), old_index.ToJson());
-  std::vector<std::string> expected = {"manifest.json"};
+  std::vector<std::string> expected = {"manifest.json", ".knnserve.lock"};
   for (const ManifestFile& f : old_index.Files()) {
     EXPECT_OK(VerifyFile(dir + "/" + f.file, f.digest)) << f.file;
     expected.push_back(f.file);
   }
   EXPECT_THAT(FilesIn(dir), ::testing::UnorderedElementsAreArray(expected));
+}
+
+// A build holds its directory's lock: it is refused while another command writes there, and
+// removes the staged files of builds that were killed. A failed build leaves no directory it
+// created, and keeps one that was there before.
+TEST(IndexBuild, LocksItsDirectoryAndLeavesNoneBehindWhenItFails) {
+  const std::string root = FreshTempDir("build-lock").string();
+  const testing::Datastore ds = testing::MakeDatastore(300, 8, 4, 5);
+  const MatrixKeySource keys(ds.keys.view());
+  const MemoryValueSource values(ds.values);
+  IndexBuildOptions options = QuietIvfPq(1);
+
+  const std::string locked = root + "/locked";
+  {
+    ASSERT_OK_AND_ASSIGN(const std::unique_ptr<DirectoryLock> other,
+                         DirectoryLock::Acquire(locked));
+    EXPECT_THAT(BuildIndex(keys, &values, options, locked),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("another knnserve command is writing " + locked)));
+  }
+  const std::string debris =
+      locked + "/shard-00000.faiss.knnserve-tmp." + std::to_string(EndedProcess());
+  std::ofstream(debris) << "x";
+  ASSERT_OK(BuildIndex(keys, &values, options, locked).status());
+  EXPECT_FALSE(std::filesystem::exists(debris));
+
+  options.factory = "IVF4,PQ3";  // faiss cannot split 8 dimensions into 3 sub-quantizers
+  const std::string fresh = root + "/fresh";
+  EXPECT_FALSE(BuildIndex(keys, &values, options, fresh).ok());
+  EXPECT_FALSE(std::filesystem::exists(fresh));
+  const std::string existing = root + "/existing";
+  std::filesystem::create_directories(existing);
+  EXPECT_FALSE(BuildIndex(keys, &values, options, existing).ok());
+  EXPECT_TRUE(std::filesystem::is_directory(existing));
 }
 
 TEST(Hdf5Datastore, BuildRefusesValuesThatDoNotMatchTheKeys) {

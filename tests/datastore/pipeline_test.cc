@@ -234,7 +234,7 @@ TEST_F(PipelineTest, AnIndexOfChangedKeysGoesWholeBeforeItsRebuild) {
   options.index.shards = 2;
   ASSERT_OK(BuildDatastore(options).status());
   ASSERT_OK_AND_ASSIGN(const IndexManifest index, ReadManifest(Path("ds/index")));
-  std::vector<std::string> expected = {"manifest.json"};
+  std::vector<std::string> expected = {"manifest.json", ".knnserve.lock"};  // the build's lock
   for (const ManifestFile& f : index.Files()) expected.push_back(f.file);
   std::vector<std::string> left;
   for (const auto& entry : fs::directory_iterator(Path("ds/index"))) {

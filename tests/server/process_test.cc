@@ -300,11 +300,17 @@ TEST(ProcessTest, SubsetOnlyShardsAnswerSubsetsWithoutTheirFaissIndexAndRefuseFu
   EXPECT_THAT(direct.error_message(), ::testing::HasSubstr("subset searches only"));
 }
 
-TEST(ProcessTest, ServersRefuseNanAndOutOfRangeFlagsAtStart) {
+// Flags out of range, and flags that would be ignored (a hedge delay with hedging off, a TLS
+// server name without TLS), stop a server at start naming the flag.
+TEST(ProcessTest, ServersRefuseBadAndIgnoredFlagsAtStart) {
   const std::string out = testing::FreshTempDir("service_flags").string() + "/out.txt";
   for (const auto& [binary, flags, named] : std::vector<std::array<std::string, 3>>{
            {"knnserve-router", "--shards /dev/null --probe-interval-ms nan", "--probe-interval-ms"},
            {"knnserve-router", "--shards /dev/null --timeout-ms nan", "--timeout-ms"},
+           {"knnserve-router", "--shards /dev/null --no-hedge --hedge-delay-ms 5",
+            "--hedge-delay-ms"},
+           {"knnserve-router", "--shards /dev/null --shard-tls-server-name shards.internal",
+            "--shard-tls-server-name"},
            {"knnserve-shard", "--index /nonexistent --shard 0 --drain-seconds nan",
             "--drain-seconds"},
            {"knnserve-shard", "--index /nonexistent --shard 0 --listen 127.0.0.1:99999",

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/server/flat_engine.h"
 #include "tests/server/test_cluster.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knnserve::testing {
 namespace {
@@ -53,6 +54,18 @@ TEST(ShardTest, AnswersLikeTheEngineWithCoverage) {
   EXPECT_EQ(response.coverage().shards_answered(), 1);
   EXPECT_EQ(response.coverage().vectors_searched(), info.id_end - info.id_begin);
   EXPECT_EQ(response.coverage().vectors_total(), info.id_end - info.id_begin);
+}
+
+// A shard on a unix socket reports the socket's address (as logged and dialled), not "unix:1".
+TEST(ShardTest, ServesOnAUnixSocketAndReportsItsAddress) {
+  const std::string listen =
+      "unix:" + testing::FreshTempDir("unix_socket").string() + "/shard.sock";
+  TestShard shard(0, SmallEngine(), {.listen = listen});
+  EXPECT_EQ(shard.address(), listen);
+  auto stub = Connect(shard.address());
+  v1::SearchResponse response;
+  EXPECT_TRUE(CallSearch(stub.get(), MakeRequest(RandomQueries(2, kDim, 4), 3), &response).ok());
+  EXPECT_EQ(response.rows(), 2);
 }
 
 TEST(ShardTest, InfoDescribesTheSliceAndLimits) {
