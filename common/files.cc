@@ -226,22 +226,37 @@ absl::Status CheckDistinctFiles(absl::Span<const NamedPath> paths) {
 }
 
 absl::StatusOr<std::unique_ptr<DirectoryLock>> DirectoryLock::Acquire(const std::string& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
   const std::string path = (std::filesystem::path(dir) / kLockFileName).string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("cannot open", path);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat("another knnserve command is writing ", dir,
-                                                        " (it holds ", path, "): wait for it"));
+  // A lock file can be unlinked by its holder (ReleaseAndRemoveIfEmpty), and the directory
+  // with it: a lock taken on a file no longer at `path` guards nothing, so it is taken again.
+  for (int attempt = 0;; ++attempt) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
     }
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot lock ", path));
+    // Read-only: flock needs no write access, so users who share a directory share its lock.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError("cannot open", path);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "another knnserve command is writing ", dir, " (it holds ", path, "): wait for it"));
+      }
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot lock ", path));
+    }
+    struct stat locked, current;
+    if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &current) == 0 &&
+        locked.st_dev == current.st_dev && locked.st_ino == current.st_ino) {
+      return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd));
+    }
+    ::close(fd);
+    if (attempt == 100) {
+      return absl::UnavailableError(absl::StrCat("cannot lock ", path, ": it keeps being removed"));
+    }
   }
-  return std::unique_ptr<DirectoryLock>(new DirectoryLock(dir, fd));
 }
 
 void DirectoryLock::ReleaseAndRemoveIfEmpty(std::unique_ptr<DirectoryLock> lock) {
@@ -252,8 +267,9 @@ void DirectoryLock::ReleaseAndRemoveIfEmpty(std::unique_ptr<DirectoryLock> lock)
     if (it->path().filename() != kLockFileName) return;
   }
   if (error) return;
-  // Unlinked while still held: a command that opens the lock meanwhile makes a new lock file,
-  // and then the directory is no longer empty and stays.
+  // Unlinked while still held: a command that opened it before finds, once it holds it, that
+  // it is no longer the directory's lock file and starts over (Acquire); one that opens the
+  // path after makes a new lock file, and then the directory is no longer empty and stays.
   std::filesystem::remove(dir / kLockFileName, error);
   lock.reset();
   std::filesystem::remove(dir, error);
@@ -265,12 +281,15 @@ std::string TemporaryPath(absl::string_view path) {
   return absl::StrCat(path, kTemporarySuffix, ::getpid());
 }
 
-int DirectoryLock::RemoveDebris() const {
+int DirectoryLock::RemoveDebris(DebrisScope scope) const {
   int removed = 0;
   std::error_code error;
   for (auto it = std::filesystem::recursive_directory_iterator(dir_, error);
        !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
-    if (it.depth() == 0 && it->is_directory(error)) continue;  // searched, not descended
+    if (it.depth() == 0 && it->is_directory(error)) {
+      if (scope == DebrisScope::kDirectory) it.disable_recursion_pending();
+      continue;  // a subdirectory is searched, if at all, but not descended further
+    }
     if (it.depth() > 0) it.disable_recursion_pending();
     if (!it->is_regular_file(error)) continue;
     const std::string name = it->path().filename().string();

@@ -56,13 +56,16 @@ class DirectoryLock {
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
 
+  // Where RemoveDebris looks: the directory alone (an index's), or its immediate
+  // subdirectories too (a datastore's: its index/ and sentence_index/).
+  enum class DebrisScope { kDirectory, kDirectoryAndSubdirectories };
+
   // Removes what killed writers left behind (a spill file holds 8 bytes per corpus token, a
   // shard's temporary its whole size): files named as TemporaryPath names them, of a process
-  // that no longer runs, in the directory and its immediate subdirectories (an index's). Only
-  // that suffix is ours; a writer still running on this machine (a build that takes no lock)
-  // keeps its files (a writer on another machine sharing the volume is not seen).
+  // that no longer runs, in `scope`. Only that suffix is ours; a writer still running on this
+  // machine keeps its files (a writer on another machine sharing the volume is not seen).
   // Returns how many were removed.
-  int RemoveDebris() const;
+  int RemoveDebris(DebrisScope scope) const;
 
   // Releases `lock` and removes its directory when nothing but the lock file is in it: a
   // command that created the directory and then failed leaves none behind. A directory that

@@ -99,7 +99,9 @@ void PrintKeysReport(const ds::KeysReport& r, const std::string& path) {
 // command's life, with what killed writers left in it removed.
 std::unique_ptr<DirectoryLock> LockDatastore(const std::string& dir) {
   std::unique_ptr<DirectoryLock> lock = ValueOrExit(DirectoryLock::Acquire(dir));
-  if (const int removed = lock->RemoveDebris(); removed > 0) {
+  if (const int removed =
+          lock->RemoveDebris(DirectoryLock::DebrisScope::kDirectoryAndSubdirectories);
+      removed > 0) {
     std::fprintf(stderr, "%s: removed %d temporary files that killed runs left\n", dir.c_str(),
                  removed);
   }

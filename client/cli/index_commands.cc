@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,9 +14,11 @@
 #include "common/datastore/hdf5_datastore.h"
 #include "common/files.h"
 #include "common/index/builder.h"
+#include "common/index/faiss_index.h"
 #include "common/index/index_engine.h"
 #include "common/index/manifest.h"
 #include "common/request.h"
+#include "common/status_macros.h"
 #include "common/wire.h"
 
 namespace knnserve::cli {
@@ -111,32 +112,33 @@ void PrintNeighbors(const Neighbors& n, int64_t first_row) {
 }
 
 // A search parameter the search would not use is refused rather than ignored: a user who
-// set it expects it to change the answer.
-absl::Status CheckParamsApply(const SearchFlags& f, const std::string& factory) {
-  const auto refuse = [&](absl::string_view flag, absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
+// set it expects it to change the answer. Asked of an empty index of the manifest's factory,
+// before the shards are loaded.
+absl::Status CheckParamsApply(const SearchFlags& f) {
+  ASSIGN_OR_RETURN(const IndexManifest manifest, ReadManifest(f.dir));
+  ASSIGN_OR_RETURN(const std::unique_ptr<FaissIndex> empty,
+                   FaissIndex::Create(manifest.factory, manifest.dim, manifest.metric, 1));
+  const FaissIndex::UsedParams used = empty->used_params();
+  const auto refuse = [&](absl::string_view flag, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": the index in ", f.dir, " (\"", manifest.factory, "\") ", what));
   };
-  const bool ivf = absl::StrContains(factory, "IVF");
-  const bool hnsw = absl::StrContains(factory, "HNSW");
   if (f.subset_given && (f.params.nprobe > 0 || f.params.ef_search > 0)) {
-    return refuse(f.params.nprobe > 0 ? "--nprobe" : "--ef-search",
-                  "a --subset search scans its sentences' codes, it probes no lists");
+    return absl::InvalidArgumentError(
+        absl::StrCat(f.params.nprobe > 0 ? "--nprobe" : "--ef-search",
+                     ": a --subset search scans its sentences' codes, it probes no lists"));
   }
-  if (f.params.nprobe > 0 && !ivf) {
-    return refuse("--nprobe", absl::StrCat("the index in ", f.dir, " (\"", factory,
-                                           "\") has no IVF lists to probe"));
-  }
-  if (f.params.ef_search > 0 && !hnsw) {
-    return refuse("--ef-search",
-                  absl::StrCat("the index in ", f.dir, " (\"", factory, "\") has no HNSW graph"));
+  if (f.params.nprobe > 0 && !used.nprobe) return refuse("--nprobe", "has no IVF lists to probe");
+  if (f.params.ef_search > 0 && !used.ef_search) {
+    return refuse("--ef-search", "has no HNSW graph");
   }
   return absl::OkStatus();
 }
 
 void RunSearch(const SearchFlags& f) {
+  ExitOnError(CheckParamsApply(f));
   std::unique_ptr<SearchEngine> engine = ValueOrExit(
       f.shard < 0 ? CreateLocalEngine(f.dir, f.engine) : CreateEngine(f.dir, f.shard, f.engine));
-  ExitOnError(CheckParamsApply(f, engine->info().factory));
   std::unique_ptr<Hdf5KeySource> source = ValueOrExit(Hdf5KeySource::Open(f.queries));
   const int64_t rows = std::min(f.rows, source->rows());
   const std::vector<int64_t> subset =

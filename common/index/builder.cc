@@ -297,7 +297,8 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
   std::error_code ec;
   const bool created = !std::filesystem::exists(out_dir, ec);
   ASSIGN_OR_RETURN(std::unique_ptr<DirectoryLock> lock, DirectoryLock::Acquire(out_dir));
-  lock->RemoveDebris();  // the staged files of builds that were killed
+  // The staged files of builds that were killed; only the index's own directory is ours.
+  lock->RemoveDebris(DirectoryLock::DebrisScope::kDirectory);
   absl::StatusOr<IndexManifest> manifest = WriteIndex(keys, values, options, out_dir);
   if (!manifest.ok() && created) DirectoryLock::ReleaseAndRemoveIfEmpty(std::move(lock));
   return manifest;

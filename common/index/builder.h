@@ -42,10 +42,10 @@ void RemoveIndex(const std::string& dir);
 
 // Builds the index of `keys` into `out_dir` (created if missing; removed again when the build
 // fails and it is left empty). The build holds `out_dir`'s DirectoryLock (FAILED_PRECONDITION
-// while another command holds it) and first removes what killed builds staged there. `values`
-// may be null; when
-// set it must have valid offsets and keys.rows() tokens (INVALID_ARGUMENT otherwise), and each
-// shard then carries its values and, see subset_m, the subset PQ codes of its sentences.
+// while another command holds it) and first removes what killed builds staged there.
+// `values` may be null; when set it must have valid offsets and keys.rows() tokens
+// (INVALID_ARGUMENT otherwise), and each shard then carries its values and, see subset_m, the
+// subset PQ codes of its sentences.
 //
 // Memory: the training sample, one chunk of keys (and of tokens), and the shard being built (its
 // faiss index, streamed to its file when whole); its subset codes go to their file chunk by

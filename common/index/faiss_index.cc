@@ -740,6 +740,16 @@ void FaissIndex::SetOpqIterations(int iterations) {
   }
 }
 
+FaissIndex::UsedParams FaissIndex::used_params() const {
+  // As ParamChain passes them on.
+  const faiss::Index* base = Unwrap(index_.get());
+  if (auto* ivf = dynamic_cast<const faiss::IndexIVF*>(base)) {
+    return {.nprobe = true,
+            .ef_search = dynamic_cast<const faiss::IndexHNSW*>(ivf->quantizer) != nullptr};
+  }
+  return {.nprobe = false, .ef_search = dynamic_cast<const faiss::IndexHNSW*>(base) != nullptr};
+}
+
 int FaissIndex::pq_m() const {
   const faiss::Index* base = Unwrap(index_.get());
   if (auto* ivfpq = dynamic_cast<const faiss::IndexIVFPQ*>(base)) return ivfpq->pq.M;

@@ -93,6 +93,13 @@ class FaissIndex : public SearchIndex {
   // default is 50, slow on big samples). Call before Train.
   void SetOpqIterations(int iterations);
 
+  // Which per-call SearchParams a search of this index uses; the others are ignored.
+  struct UsedParams {
+    bool nprobe = false;     // an IVF index (below any PCA/OPQ transform)
+    bool ef_search = false;  // an HNSW index, or an IVF index whose coarse quantizer is HNSW
+  };
+  UsedParams used_params() const;
+
   // M of the index's product quantizer (IVFPQ, PQ), or 0 when it has none.
   int pq_m() const;
   int threads() const { return threads_; }

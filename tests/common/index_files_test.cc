@@ -136,7 +136,8 @@ TEST(Files, ADirectoryLockRemovesTheDebrisOfKilledWriters) {
     for (const std::string& name : *names) std::ofstream(dir + "/" + name) << "x";
   }
   ASSERT_OK_AND_ASSIGN(auto lock, DirectoryLock::Acquire(dir));
-  EXPECT_EQ(lock->RemoveDebris(), 3);
+  EXPECT_EQ(lock->RemoveDebris(DirectoryLock::DebrisScope::kDirectory), 2);
+  EXPECT_EQ(lock->RemoveDebris(DirectoryLock::DebrisScope::kDirectoryAndSubdirectories), 1);
   for (const std::string& name : debris) {
     EXPECT_FALSE(std::filesystem::exists(dir + "/" + name)) << name;
   }
