@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "common/cli_checks.h"
 #include "shard/log.h"
 
@@ -90,6 +91,13 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
          "held while the stream lasts); beyond, a setup is answered UNAVAILABLE (overloaded)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->default_str(std::to_string(service.max_stream_group_bytes >> 20));
+  app.add_option_function<double>(
+         "--stream-idle-seconds",
+         [this](double seconds) { service.stream_idle_timeout = absl::Seconds(seconds); },
+         "end a stream whose client sends nothing for this long (UNAVAILABLE: clients open "
+         "another); 0: never")
+      ->check(FiniteRange(0.0, 7 * 86400.0))
+      ->default_str(absl::StrCat(absl::ToDoubleSeconds(service.stream_idle_timeout)));
 }
 
 void ServerFlags::InitLogging(const std::string& component) const {

@@ -1,5 +1,6 @@
 #include "shard/retrieval_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <utility>
 
@@ -133,6 +134,11 @@ RetrievalService::RetrievalService(SearchBackend* backend, RequestLimits limits,
       stream_groups_(options.max_stream_group_bytes,
                      metrics->GetGauge("knnserve_stream_group_bytes",
                                        "Bytes of subset groups held by open streams", {})),
+      idle_streams_(options.stream_idle_timeout,
+                    metrics->GetCounter("knnserve_idle_streams_ended_total",
+                                        "Streams ended after --stream-idle-seconds without a "
+                                        "message from their client",
+                                        {})),
       metrics_(metrics),
       sessions_declared_(SubsetSessionCounter(metrics, "declared")),
       sessions_reused_(SubsetSessionCounter(metrics, "reused")),
@@ -213,27 +219,36 @@ grpc::ServerUnaryReactor* RetrievalService::Info(grpc::CallbackServerContext* co
 }
 
 // One decoding session. At most one operation is outstanding at a time (a read, a search or a
-// write), so steps are answered in order and the reactor needs no lock; only OnCancel runs
-// concurrently, and it touches the thread-safe CancelToken alone.
-class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse> {
+// write), so steps are answered in order. Two things run concurrently with them: OnCancel,
+// which touches the thread-safe CancelToken alone, and the idle sweeper (EndIfIdleSince),
+// which may end the stream while it waits for a read; mu_ orders the reads and Finish
+// against it.
+class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>,
+                      public IdleStreams::Stream {
  public:
   StreamReactor(RetrievalService* service, grpc::CallbackServerContext* context)
       : service_(service), deadline_(DeadlineOf(context)) {
-    StartRead(&request_);
+    service_->idle_streams_.Add(this);
+    StartNextRead();
   }
 
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      waiting_ = false;
+      if (finished_) return;  // ended as idle while the read was pending: nothing more to do
+    }
     if (!ok) {  // the client closed its side (or the call is gone): the session is over
-      Finish(grpc::Status::OK);
+      FinishOnce(grpc::Status::OK);
       return;
     }
     if (request_.has_setup()) {
       absl::Status status = Setup(request_.setup());
       if (!status.ok()) {
-        Finish(ToGrpcStatus(status));
+        FinishOnce(ToGrpcStatus(status));
         return;
       }
-      StartRead(&request_);
+      StartNextRead();
       return;
     }
     steps_started_ = true;
@@ -243,20 +258,50 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   void OnWriteDone(bool ok) override {
     ReleaseAnswer();
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed"));
       return;
     }
-    StartRead(&request_);
+    StartNextRead();
   }
 
   void OnCancel() override { cancel_->Cancel(); }
   void OnDone() override {
     ReleaseAnswer();  // a step whose write never completed
     service_->stream_groups_.Give(held_group_bytes_);
-    delete this;
+    service_->idle_streams_.Remove(this);
+    Unref();
+  }
+
+  bool EndIfIdleSince(absl::Time cutoff, const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || !waiting_ || waiting_since_ >= cutoff) return false;
+    finished_ = true;
+    Finish(status);
+    return true;
+  }
+  void Ref() override { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref() override {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
  private:
+  // Waits for the client's next message, unless the stream has ended; the idle clock runs
+  // from here.
+  void StartNextRead() {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    waiting_ = true;
+    waiting_since_ = absl::Now();
+    StartRead(&request_);
+  }
+
+  void FinishOnce(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(std::move(status));
+  }
+
   void ReleaseAnswer() {
     service_->answers_.Give(held_bytes_);
     held_bytes_ = 0;
@@ -347,6 +392,12 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   bool allow_partial_ = false;
   int64_t held_bytes_ = 0;        // of service_->answers_, for the step being answered
   int64_t held_group_bytes_ = 0;  // of service_->stream_groups_, for session_groups_
+  // gRPC's reference until OnDone, and the idle sweeper's while it looks at the stream.
+  std::atomic<int> refs_{1};
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called: no more reads
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;   // a read is outstanding
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>* RetrievalService::SearchStream(

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/request.h"
 #include "knnserve/v1/retrieval.grpc.pb.h"
+#include "shard/idle_streams.h"
 #include "shard/metrics.h"
 #include "shard/search_backend.h"
 
@@ -61,6 +62,9 @@ struct RetrievalServiceOptions {
   // Bytes of the subset groups that open streams declared at setup (8 per sentence id), held
   // for each stream's life.
   int64_t max_stream_group_bytes = int64_t{256} << 20;
+  // A stream whose client sends nothing for this long is ended UNAVAILABLE (IdleStreams);
+  // zero: never.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
 };
 
 // Thread-safe; `backend` and `metrics` must outlive the service and its calls.
@@ -99,6 +103,7 @@ class RetrievalService final : public v1::Retrieval::CallbackService {
   SubsetSessions subset_sessions_;
   ByteBudget answers_;
   ByteBudget stream_groups_;
+  IdleStreams idle_streams_;
   MetricsRegistry* const metrics_;  // refusals are counted by reason
   // Requests whose subset_session token came with groups (kept), took kept groups, or named
   // a token this server does not hold.

@@ -4,15 +4,19 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/matrix.h"
 #include "common/search_types.h"
 #include "common/status_matchers.h"
 #include "common/wire.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "knnserve/v1/retrieval.grpc.pb.h"
+#include "tests/server/flat_engine.h"
+#include "tests/server/test_cluster.h"
 
 namespace knnserve::knn {
 namespace {
@@ -105,6 +109,35 @@ TEST(RemoteRetriever, ClosingAStreamTheRouterNeverEndsIsBoundedByTheStepDeadline
   EXPECT_EQ(streams, 1) << "the step was retried: the test did not test the close";
   EXPECT_EQ(cancelled, 1) << "the client waited for the router instead of cancelling";
   server->Shutdown();
+}
+
+// A server ends a stream whose client paused longer than its idle timeout; the session opens
+// another, with its setup (the step's row_group names the setup's groups), at its next step
+// and answers as before.
+TEST(RemoteRetriever, ASessionReopensAStreamTheServerEndedAsIdle) {
+  testing::TestShardOptions shard_options;
+  shard_options.service.stream_idle_timeout = absl::Milliseconds(200);
+  testing::TestShard shard(
+      0, std::make_unique<testing::FlatEngine>(testing::MakeDatastore(40, kDim, 5, 3), 0, 40),
+      shard_options);
+  RemoteRetrieverOptions options;
+  options.address = shard.address();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteRetriever> retriever,
+                       RemoteRetriever::Create(options));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RetrievalSession> session,
+                       retriever->StartSession(SubsetGroups{{3, 7, 11}}));
+  const Matrix<float> queries = testing::RandomQueries(2, kDim, 8);
+  SearchParams params;
+  params.k = 4;
+  ASSERT_OK_AND_ASSIGN(const Neighbors before, session->Search(queries.view(), {0, 0}, params));
+  const std::string ended = "knnserve_idle_streams_ended_total 1\n";
+  for (int i = 0; i < 1000 && !absl::StrContains(shard.metrics().RenderText(), ended); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_THAT(shard.metrics().RenderText(), ::testing::HasSubstr(ended));
+  ASSERT_OK_AND_ASSIGN(const Neighbors after, session->Search(queries.view(), {0, 0}, params));
+  EXPECT_EQ(after.ids, before.ids);
+  EXPECT_EQ(after.distances, before.distances);
 }
 
 }  // namespace

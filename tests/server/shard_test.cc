@@ -235,6 +235,50 @@ TEST(ShardTest, RefusesStreamSetupsBeyondTheStreamGroupBudget) {
   EXPECT_TRUE(close(*third).ok());
 }
 
+// A stream whose client sends nothing for --stream-idle-seconds is ended UNAVAILABLE, naming
+// the flag, and gives its subset groups back; a stream that keeps stepping stays open however
+// long it lasts.
+TEST(ShardTest, EndsStreamsWhoseClientSendsNothingForTheIdleTimeout) {
+  TestShardOptions options;
+  options.service.stream_idle_timeout = absl::Seconds(1);
+  TestShard shard(0, SmallEngine(), options);
+  auto stub = Connect(shard.address());
+  grpc::ClientContext idle_context;
+  auto idle = stub->SearchStream(&idle_context);
+  v1::StreamRequest setup;
+  v1::SubsetGroup* group = setup.mutable_setup()->add_subset_groups();
+  for (int id = 0; id < 60; ++id) group->add_sentence_ids(id);
+  ASSERT_TRUE(idle->Write(setup));
+  WaitForMetricLine(shard, "knnserve_stream_group_bytes 480");
+
+  grpc::ClientContext busy_context;
+  auto busy = stub->SearchStream(&busy_context);
+  v1::StreamRequest step;
+  *step.mutable_step() = MakeRequest(RandomQueries(2, kDim, 6), 4);
+  const absl::Time start = absl::Now();
+  int steps = 0;
+  // Steps 20 times a second until the idle stream has ended and at least 2 s have passed.
+  while (
+      absl::Now() - start < absl::Seconds(2) ||
+      !absl::StrContains(shard.metrics().RenderText(), "knnserve_idle_streams_ended_total 1\n")) {
+    ASSERT_LT(absl::Now() - start, absl::Seconds(20)) << "the idle stream was not ended";
+    v1::SearchResponse response;
+    ASSERT_TRUE(busy->Write(step));
+    ASSERT_TRUE(busy->Read(&response)) << "the busy stream ended after " << steps << " steps";
+    EXPECT_EQ(response.error_code(), 0);
+    ++steps;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const grpc::Status ended = idle->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(ended.error_message(), HasSubstr("--stream-idle-seconds"));
+  WaitForMetricLine(shard, "knnserve_stream_group_bytes 0");
+  EXPECT_THAT(shard.metrics().RenderText(), HasSubstr("knnserve_stream_group_bytes 0\n"));
+  busy->WritesDone();
+  EXPECT_TRUE(busy->Finish().ok());
+  EXPECT_THAT(shard.metrics().RenderText(), HasSubstr("knnserve_idle_streams_ended_total 1\n"));
+}
+
 TEST(ShardTest, CountsRequestsInMetrics) {
   TestShard shard(0, SmallEngine());
   auto stub = Connect(shard.address());
