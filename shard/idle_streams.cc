@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/check.h"
 
 namespace knnserve {
 
@@ -16,6 +17,8 @@ IdleStreams::IdleStreams(absl::Duration timeout, Counter* ended)
               absl::StrCat("stream ended: no message for ", absl::FormatDuration(timeout),
                            " (--stream-idle-seconds); open another")),
       ended_(ended) {
+  KNNSERVE_CHECK(timeout_ == absl::ZeroDuration() || timeout_ >= kMinTimeout,
+                 "stream idle timeout below kMinTimeout");
   if (timeout_ > absl::ZeroDuration()) sweeper_ = std::thread([this] { Sweep(); });
 }
 
@@ -39,9 +42,10 @@ void IdleStreams::Remove(Stream* stream) {
 
 void IdleStreams::Sweep() {
   const absl::Duration period = std::min(timeout_ / 2, absl::Seconds(1));
-  absl::MutexLock lock(&mu_);
+  const auto timeout = absl::ToChronoNanoseconds(timeout_);
+  mu_.Lock();
   while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-    const absl::Time cutoff = absl::Now() - timeout_;
+    const auto cutoff = std::chrono::steady_clock::now() - timeout;
     // Ended outside the lock: ending a stream may run its OnDone, which removes it.
     std::vector<Stream*> streams(streams_.begin(), streams_.end());
     for (Stream* stream : streams) stream->Ref();
@@ -52,6 +56,7 @@ void IdleStreams::Sweep() {
     }
     mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace knnserve

@@ -4,6 +4,7 @@
 #ifndef KNNSERVE_SHARD_IDLE_STREAMS_H_
 #define KNNSERVE_SHARD_IDLE_STREAMS_H_
 
+#include <chrono>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -18,7 +19,8 @@ namespace knnserve {
 // Streams registered with Add are ended (EndIfIdleSince) once they have waited longer than
 // `timeout` for their client's next message; a sweeper thread looks every min(timeout / 2,
 // 1 s), so a stream ends between `timeout` and about 1.5 x `timeout` (at most 1 s more) after
-// its client's last message. A zero timeout ends none and starts no thread. Thread-safe.
+// its client's last message. A zero timeout ends none and starts no thread. REQUIRES: timeout
+// zero or at least kMinTimeout. Thread-safe.
 class IdleStreams {
  public:
   // What a stream offers the sweeper. Ref/Unref keep it alive while the sweeper ends it
@@ -27,11 +29,16 @@ class IdleStreams {
    public:
     virtual ~Stream() = default;
     // Ends the stream with `status` if it has been waiting for its client's next message since
-    // before `cutoff`; true if it did.
-    virtual bool EndIfIdleSince(absl::Time cutoff, const grpc::Status& status) = 0;
+    // before `cutoff` (steady clock: a wall clock stepped forward would end every stream at
+    // once); true if it did.
+    virtual bool EndIfIdleSince(std::chrono::steady_clock::time_point cutoff,
+                                const grpc::Status& status) = 0;
     virtual void Ref() = 0;
     virtual void Unref() = 0;
   };
+
+  // Shorter timeouts would end streams between their setup and first step, and sweep in a loop.
+  static constexpr absl::Duration kMinTimeout = absl::Seconds(1);
 
   // `ended` (borrowed) counts the streams ended for idleness.
   IdleStreams(absl::Duration timeout, Counter* ended);

@@ -272,7 +272,8 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
     Unref();
   }
 
-  bool EndIfIdleSince(absl::Time cutoff, const grpc::Status& status) override {
+  bool EndIfIdleSince(std::chrono::steady_clock::time_point cutoff,
+                      const grpc::Status& status) override {
     absl::MutexLock lock(&mu_);
     if (finished_ || !waiting_ || waiting_since_ >= cutoff) return false;
     finished_ = true;
@@ -291,7 +292,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     waiting_ = true;
-    waiting_since_ = absl::Now();
+    waiting_since_ = std::chrono::steady_clock::now();
     StartRead(&request_);
   }
 
@@ -397,7 +398,7 @@ class StreamReactor : public grpc::ServerBidiReactor<v1::StreamRequest, v1::Sear
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called: no more reads
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;   // a read is outstanding
-  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point waiting_since_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::SearchResponse>* RetrievalService::SearchStream(

@@ -108,7 +108,7 @@ class RemoteSession : public RetrievalSession {
     step->set_request_id(absl::StrCat("knn-", id_, "-", steps_++));
     absl::Duration backoff = options_->retry_backoff;
     for (int attempt = 0;; ++attempt) {
-      absl::StatusOr<Neighbors> result = Attempt(message);
+      absl::StatusOr<Neighbors> result = AttemptReopeningAnEndedStream(message);
       if (result.ok() || !IsTransient(result.status().code()) || attempt >= options_->max_retries) {
         if (!result.ok() && attempt > 0) {
           return absl::Status(
@@ -124,6 +124,19 @@ class RemoteSession : public RetrievalSession {
   }
 
  private:
+  // A stream that answered earlier steps may have been ended by the server since (idle for
+  // --stream-idle-seconds, or a router that restarted between two steps): a step that finds it
+  // ended is sent at once on a new stream, with the setup, without spending a retry or its
+  // backoff. A step on a stream just opened is not: its failure says the server is unwell.
+  absl::StatusOr<Neighbors> AttemptReopeningAnEndedStream(const v1::StreamRequest& message) {
+    const bool reused = stream_ != nullptr;
+    absl::StatusOr<Neighbors> result = Attempt(message);
+    if (reused && stream_ == nullptr && result.status().code() == absl::StatusCode::kUnavailable) {
+      return Attempt(message);
+    }
+    return result;
+  }
+
   // The step deadline covers opening the stream and its setup too: a write blocks while the
   // router takes no more data (a stalled router, a setup of ~32k sentence ids).
   absl::StatusOr<Neighbors> Attempt(const v1::StreamRequest& message) {

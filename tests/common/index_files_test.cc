@@ -474,13 +474,26 @@ TEST(IndexBuild, LocksItsDirectoryAndLeavesNoneBehindWhenItFails) {
   ASSERT_OK(BuildIndex(keys, &values, options, locked).status());
   EXPECT_FALSE(std::filesystem::exists(debris));
 
-  options.factory = "IVF4,PQ3";  // faiss cannot split 8 dimensions into 3 sub-quantizers
+  class UnreadableKeys : public KeySource {
+   public:
+    explicit UnreadableKeys(const KeySource& keys) : keys_(keys) {}
+    int64_t rows() const override { return keys_.rows(); }
+    int dim() const override { return keys_.dim(); }
+    absl::Status Read(int64_t, int64_t, float*) const override {
+      return absl::DataLossError("bad sector");
+    }
+
+   private:
+    const KeySource& keys_;
+  } unreadable(keys);
   const std::string fresh = root + "/fresh";
-  EXPECT_FALSE(BuildIndex(keys, &values, options, fresh).ok());
+  EXPECT_THAT(BuildIndex(unreadable, &values, options, fresh),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad sector")));
   EXPECT_FALSE(std::filesystem::exists(fresh));
   const std::string existing = root + "/existing";
   std::filesystem::create_directories(existing);
-  EXPECT_FALSE(BuildIndex(keys, &values, options, existing).ok());
+  EXPECT_THAT(BuildIndex(unreadable, &values, options, existing),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad sector")));
   EXPECT_TRUE(std::filesystem::is_directory(existing));
 }
 

@@ -313,6 +313,8 @@ TEST(ProcessTest, ServersRefuseBadAndIgnoredFlagsAtStart) {
             "--shard-tls-server-name"},
            {"knnserve-shard", "--index /nonexistent --shard 0 --drain-seconds nan",
             "--drain-seconds"},
+           {"knnserve-shard", "--index /nonexistent --shard 0 --stream-idle-seconds 0.5",
+            "--stream-idle-seconds"},
            {"knnserve-shard", "--index /nonexistent --shard 0 --listen 127.0.0.1:99999",
             "--listen"}}) {
     const std::string command =

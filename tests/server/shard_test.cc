@@ -240,7 +240,7 @@ TEST(ShardTest, RefusesStreamSetupsBeyondTheStreamGroupBudget) {
 // long it lasts.
 TEST(ShardTest, EndsStreamsWhoseClientSendsNothingForTheIdleTimeout) {
   TestShardOptions options;
-  options.service.stream_idle_timeout = absl::Seconds(1);
+  options.service.stream_idle_timeout = absl::Seconds(2);  // 40 times the busy stream's gaps
   TestShard shard(0, SmallEngine(), options);
   auto stub = Connect(shard.address());
   grpc::ClientContext idle_context;
@@ -257,9 +257,9 @@ TEST(ShardTest, EndsStreamsWhoseClientSendsNothingForTheIdleTimeout) {
   *step.mutable_step() = MakeRequest(RandomQueries(2, kDim, 6), 4);
   const absl::Time start = absl::Now();
   int steps = 0;
-  // Steps 20 times a second until the idle stream has ended and at least 2 s have passed.
+  // Steps 20 times a second until the idle stream has ended and at least 4 s have passed.
   while (
-      absl::Now() - start < absl::Seconds(2) ||
+      absl::Now() - start < absl::Seconds(4) ||
       !absl::StrContains(shard.metrics().RenderText(), "knnserve_idle_streams_ended_total 1\n")) {
     ASSERT_LT(absl::Now() - start, absl::Seconds(20)) << "the idle stream was not ended";
     v1::SearchResponse response;
