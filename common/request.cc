@@ -82,6 +82,7 @@ void RequestLimits::ToProto(int dim, v1::Limits* limits) const {
   limits->set_max_total_subset_sentences(max_total_subset_sentences);
   limits->set_max_message_bytes(MaxMessageBytes(dim));
   limits->set_max_ef_search(max_ef_search);
+  limits->set_max_nprobe(max_nprobe);
 }
 
 void NarrowLimits(const v1::Limits& other, v1::Limits* limits) {
@@ -97,6 +98,7 @@ void NarrowLimits(const v1::Limits& other, v1::Limits* limits) {
       narrow(other.max_total_subset_sentences(), limits->max_total_subset_sentences()));
   limits->set_max_message_bytes(narrow(other.max_message_bytes(), limits->max_message_bytes()));
   limits->set_max_ef_search(narrow(other.max_ef_search(), limits->max_ef_search()));
+  limits->set_max_nprobe(narrow(other.max_nprobe(), limits->max_nprobe()));
 }
 
 absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits& limits) {
@@ -104,9 +106,9 @@ absl::Status ValidateParams(const v1::SearchParams& params, const RequestLimits&
     return absl::InvalidArgumentError(
         absl::StrCat("params.k = ", params.k(), "; must be 1..", limits.max_k));
   }
-  if (params.nprobe() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("params.nprobe = ", params.nprobe(), "; must be >= 0 (0 = default)"));
+  if (params.nprobe() < 0 || params.nprobe() > limits.max_nprobe) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.nprobe = ", params.nprobe(), "; must be 0..", limits.max_nprobe, " (0 = default)"));
   }
   if (params.ef_search() < 0 || params.ef_search() > limits.max_ef_search) {
     return absl::InvalidArgumentError(absl::StrCat("params.ef_search = ", params.ef_search(),

@@ -24,9 +24,12 @@ struct RequestLimits {
   int max_k = 1024;
   int max_rows = 4096;
   // HNSW's candidate list per query (faiss allocates it per search, in each OpenMP thread,
-  // where an allocation failure cannot be caught); nprobe needs no bound (the index clamps it
-  // to its lists).
+  // where an allocation failure cannot be caught).
   int max_ef_search = 16384;
+  // IVF lists probed per query row: the index clamps nprobe to its lists, but a request that
+  // probes them all scans the whole shard for each of its rows, and no engine call can be
+  // stopped once it runs (4,096 rows x a 100M-vector shard would hold a core for hours).
+  int max_nprobe = 4096;
   int max_subset_sentences = 65536;              // per group
   int64_t max_total_subset_sentences = 1 << 20;  // over all groups of one request
 

@@ -60,6 +60,10 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
   app.add_option("--max-k", limits.max_k, "largest k a request may ask for")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app.add_option("--max-nprobe", limits.max_nprobe,
+                 "most IVF lists a request may probe per query row")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
   app.add_option("--max-ef-search", limits.max_ef_search,
                  "largest HNSW ef_search a request may ask for")
       ->check(CLI::Range(1, 1 << 20))

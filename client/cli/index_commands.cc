@@ -238,7 +238,7 @@ void RegisterIndexCommands(CLI::App& app) {
       ->check(CLI::Range(1, RequestLimits().max_k))
       ->capture_default_str();
   s->add_option("--nprobe", search->params.nprobe, "IVF lists probed (0: index default)")
-      ->check(CLI::Range(0, 1 << 24))
+      ->check(CLI::Range(0, RequestLimits().max_nprobe))
       ->capture_default_str();
   s->add_option("--ef-search", search->params.ef_search, "HNSW efSearch (0: index default)")
       ->check(CLI::Range(0, RequestLimits().max_ef_search))

@@ -37,6 +37,7 @@
 #include "common/datastore/values_file.h"
 #include "common/files.h"
 #include "common/progress.h"
+#include "common/request.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -98,7 +99,7 @@ void AddRetrievalFlags(CLI::App* cmd, RetrievalFlags* f) {
       ->check(FiniteRange(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--knn-nprobe", f->knn.nprobe, "IVF lists probed (0: index default)")
-      ->check(CLI::Range(0, 1 << 24))
+      ->check(CLI::Range(0, RequestLimits().max_nprobe))
       ->capture_default_str();
   cmd->add_option("--knn-threshold", f->knn.threshold,
                   "ignore neighbours farther than this distance (0: off)")
@@ -135,10 +136,10 @@ void NoteUnusedFlags(const CLI::App& cmd, const RetrievalFlags& f) {
   const auto given = [&cmd](const char* flag) { return cmd.count(flag) > 0; };
   const bool remote = !f.router.empty();
   if (f.mode == "base") {
-    for (const char* flag : {"--datastore", "--index", "--router", "--knn-config", "--knn-topk",
-                             "--knn-temperature", "--knn-weight", "--knn-nprobe", "--knn-threshold",
-                             "--subset-sentences", "--sentence-index", "--search-threads",
-                             "--interleave-batches"}) {
+    for (const char* flag :
+         {"--datastore", "--index", "--router", "--knn-config", "--knn-topk", "--knn-temperature",
+          "--knn-weight", "--knn-nprobe", "--knn-threshold", "--subset-sentences",
+          "--sentence-index", "--search-threads", "--interleave-batches"}) {
       if (given(flag)) unused.push_back(flag);
     }
   } else if (f.mode != "subset-knn") {
@@ -203,7 +204,9 @@ absl::Status ApplyKnnConfig(const CLI::App& cmd, RetrievalFlags& f) {
     if (key == "knn_topk") {
       if (!flag_given) RETURN_IF_ERROR(integer(value, key, 1, RequestLimits().max_k, f.knn.k));
     } else if (key == "knn_nprobe") {
-      if (!flag_given) RETURN_IF_ERROR(integer(value, key, 0, 1 << 24, f.knn.nprobe));
+      if (!flag_given) {
+        RETURN_IF_ERROR(integer(value, key, 0, RequestLimits().max_nprobe, f.knn.nprobe));
+      }
     } else if (key == "knn_temperature") {
       if (!flag_given) {
         RETURN_IF_ERROR(

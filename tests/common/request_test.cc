@@ -210,6 +210,8 @@ INSTANTIATE_TEST_SUITE_P(
                 kInvalid, "params.ef_search = -2"},
         BadCase{"EfSearchAboveTheLimit", [](auto* r) { r->mutable_params()->set_ef_search(16385); },
                 kInvalid, "params.ef_search = 16385; must be 0..16384"},
+        BadCase{"NprobeAboveTheLimit", [](auto* r) { r->mutable_params()->set_nprobe(4097); },
+                kInvalid, "params.nprobe = 4097; must be 0..4096"},
         BadCase{"UnknownSentence",
                 [](auto* r) { r->mutable_subset_groups(0)->set_sentence_ids(1, 100); }, kInvalid,
                 "subset_groups[0].sentence_ids[1] = 100 is not a sentence id"},
@@ -329,6 +331,7 @@ TEST(RequestLimits, MessageSizeCoversAFullQueryMatrixAndTheLargestAnswerAndFitsG
   kLimits.ToProto(512, &limits);
   EXPECT_EQ(limits.max_k(), 1024);
   EXPECT_EQ(limits.max_ef_search(), 16384);
+  EXPECT_EQ(limits.max_nprobe(), 4096);
   EXPECT_EQ(limits.max_message_bytes(), kLimits.MaxMessageBytes(512));
 }
 
