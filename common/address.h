@@ -10,12 +10,16 @@
 
 namespace knnserve {
 
+// Whether `address` names a gRPC unix: or unix-abstract: socket (no host, no port).
+inline bool IsUnixSocketAddress(absl::string_view address) {
+  return absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:");
+}
+
 // OK for host:port (or :port) with a port in [min_port, 65535], a gRPC unix: or unix-abstract:
 // socket, or a target URI (dns:///host[:port]); INVALID_ARGUMENT naming `address` otherwise.
 // gRPC itself takes larger ports modulo 65536, i.e. dials another port than the one written.
 inline absl::Status CheckAddress(absl::string_view address, int min_port) {
-  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:") ||
-      absl::StrContains(address, ":///")) {
+  if (IsUnixSocketAddress(address) || absl::StrContains(address, ":///")) {
     return absl::OkStatus();
   }
   const size_t colon = address.rfind(':');

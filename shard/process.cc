@@ -5,7 +5,6 @@
 
 #include <map>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/cli_checks.h"
 #include "shard/log.h"
@@ -101,18 +100,8 @@ void ServerFlags::Register(CLI::App& app, const std::string& default_listen) {
          [this](double seconds) { service.stream_idle_timeout = absl::Seconds(seconds); },
          "end a stream whose client sends nothing for this long (UNAVAILABLE: clients open "
          "another); 0: never")
-      ->check(FiniteRange(0.0, 7 * 86400.0))
-      ->check(CLI::Validator(
-          [](std::string& input) -> std::string {
-            double seconds = 0;
-            if (!absl::SimpleAtod(input, &seconds) || seconds == 0 ||
-                absl::Seconds(seconds) >= IdleStreams::kMinTimeout) {
-              return "";
-            }
-            return absl::StrCat("0 (never) or at least ",
-                                absl::FormatDuration(IdleStreams::kMinTimeout));
-          },
-          "0 or >= 1"))
+      ->check(FiniteRange(0.0, 0.0) |
+              FiniteRange(absl::ToDoubleSeconds(IdleStreams::kMinTimeout), 7 * 86400.0))
       ->default_str(absl::StrCat(absl::ToDoubleSeconds(service.stream_idle_timeout)));
 }
 

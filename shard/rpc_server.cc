@@ -8,6 +8,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -40,9 +41,7 @@ absl::Status CheckPair(const TlsFiles& tls) {
 // The address a client on this machine dials to reach a server listening on `listen`, bound
 // to `port`: a unix socket's own name, else the host (loopback for a wildcard) and the port.
 std::string DialAddress(const std::string& listen, int port) {
-  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) {
-    return listen;
-  }
+  if (IsUnixSocketAddress(listen)) return listen;
   const size_t colon = listen.rfind(':');
   std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
   if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";

@@ -411,6 +411,23 @@ TEST(Hdf5Datastore, ARebuildRemovesTheFilesOfTheIndexItReplaces) {
   EXPECT_GT(old_index.Files().size(), new_index.Files().size());
 }
 
+// `keys`, whose reads that start at row `first_bad_row` or later fail ("bad sector").
+class KeysFailingFrom : public KeySource {
+ public:
+  KeysFailingFrom(const KeySource& keys, int64_t first_bad_row)
+      : keys_(keys), first_bad_row_(first_bad_row) {}
+  int64_t rows() const override { return keys_.rows(); }
+  int dim() const override { return keys_.dim(); }
+  absl::Status Read(int64_t begin, int64_t end, float* out) const override {
+    if (begin >= first_bad_row_) return absl::DataLossError("bad sector");
+    return keys_.Read(begin, end, out);
+  }
+
+ private:
+  const KeySource& keys_;
+  const int64_t first_bad_row_;
+};
+
 // A rebuild that fails after writing some of its files (a key read fails in its second shard)
 // leaves the index it would replace whole: the same manifest, every file verifying, nothing of
 // its own left behind.
@@ -423,19 +440,7 @@ TEST(IndexBuild, AFailedRebuildKeepsTheIndexItWouldReplace) {
   ASSERT_OK_AND_ASSIGN(const IndexManifest old_index, BuildIndex(keys, &values, options, dir));
 
   // Reads from row 100 on fail; the training sample (all rows, read from row 0) does not.
-  class FailingKeys : public KeySource {
-   public:
-    explicit FailingKeys(const KeySource& keys) : keys_(keys) {}
-    int64_t rows() const override { return keys_.rows(); }
-    int dim() const override { return keys_.dim(); }
-    absl::Status Read(int64_t begin, int64_t end, float* out) const override {
-      if (begin >= 100) return absl::DataLossError("bad sector");
-      return keys_.Read(begin, end, out);
-    }
-
-   private:
-    const KeySource& keys_;
-  } failing(keys);
+  const KeysFailingFrom failing(keys, 100);
   options.factory = "IVF4,PQ4";
   EXPECT_THAT(BuildIndex(failing, &values, options, dir),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad sector")));
@@ -474,18 +479,7 @@ TEST(IndexBuild, LocksItsDirectoryAndLeavesNoneBehindWhenItFails) {
   ASSERT_OK(BuildIndex(keys, &values, options, locked).status());
   EXPECT_FALSE(std::filesystem::exists(debris));
 
-  class UnreadableKeys : public KeySource {
-   public:
-    explicit UnreadableKeys(const KeySource& keys) : keys_(keys) {}
-    int64_t rows() const override { return keys_.rows(); }
-    int dim() const override { return keys_.dim(); }
-    absl::Status Read(int64_t, int64_t, float*) const override {
-      return absl::DataLossError("bad sector");
-    }
-
-   private:
-    const KeySource& keys_;
-  } unreadable(keys);
+  const KeysFailingFrom unreadable(keys, 0);
   const std::string fresh = root + "/fresh";
   EXPECT_THAT(BuildIndex(unreadable, &values, options, fresh),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad sector")));
