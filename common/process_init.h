@@ -12,6 +12,8 @@ namespace knnserve {
 //    with OPENBLAS_CORETYPE naming the kernels the CPU can run (OpenBlasCoreFor). OpenBLAS
 //    reads the variable only while it is loaded, before main. A user's own OPENBLAS_CORETYPE
 //    is left alone, and so is the process if the re-execution fails.
+// 3. Makes glibc's malloc keep freed memory for reuse (KeepFreedMemoryForReuse) unless
+//    GLIBC_TUNABLES sets malloc tunables of its own.
 // REQUIRES: called before any thread is started; argv is main's (null-terminated).
 void InitProcess(char** argv);
 
