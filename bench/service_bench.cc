@@ -2,15 +2,19 @@
 // in-process search of the same index. Prints a Markdown table; never asserts on speed.
 //
 //   service_bench [--vectors N] [--dim D] [--factory STR] [--nprobe P] [--batch B] [--k K]
-//                 [--seconds S] [--slices N] [--work-dir DIR]
+//                 [--seconds S] [--slices N] [--pairs N] [--work-dir DIR] [--parts abcds]
 //
-// a) router + 1 shard vs in-process search of the same index (throughput, p50 overhead);
+// a) router + 1 shard vs in-process search of the same index (throughput, p50 overhead, the
+//    overhead also measured in pairs and split into the engine call and the service);
 // b) 4 shards behind the router vs one in-process index of the same total size;
 // c) per-step latency at a steady request rate over 4 shards x 2 replicas, then with one
 //    replica of shard 0 delayed by 50 ms, with hedging on and off;
 // d) per-step cost of a subset kNN-MT stream through the router and 2 shards whose engines
 //    answer at once: the subset sent with every step vs once per shard (subset_session),
-//    fp32 vs fp16 queries.
+//    fp32 vs fp16 queries;
+// s) the service alone: a)'s request through the router and a shard whose engine answers at
+//    once, back to back and after 40 ms idle (a) prints it too, idle for its in-process p50;
+//    s needs no index).
 // Servers run in this process (their own gRPC threads, loopback TCP); indexes are built once
 // into --work-dir from seeded random keys and reused by later runs.
 #include <algorithm>
@@ -52,7 +56,8 @@ struct Flags {
   int batch = 64;
   int k = 64;
   double seconds = 5;
-  int slices = 5;  // a) and b): each side measured in this many alternating slices
+  int slices = 5;   // a) and b): each side measured in this many alternating slices
+  int pairs = 100;  // a): in-process / router pairs of the paired p50 overhead
   double steady_seconds = 30;
   int64_t train_size = 65536;
   std::string work_dir = "/tmp/knnserve-bench";
@@ -63,6 +68,8 @@ struct Flags {
   int subset_rounds = 3;
   int shard_batch_threads =
       BatcherOptions().num_threads;  // a) and b): each shard's engine calls at once
+  int64_t shard_inline_budget_us =
+      absl::ToInt64Microseconds(BatcherOptions().inline_budget);  // a) and b)
 };
 
 std::string IndexDir(const Flags& flags, int shards) {
@@ -204,24 +211,69 @@ Side RouterSide(const Flags& flags, const RouterClients& clients) {
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(d)); }
 
+// Times every Search of the engine it wraps: a shard's engine time splits a)'s p50 overhead into
+// the search running slower inside the server and the service's own work around it.
+// Thread-safe.
+class TimedEngine : public SearchEngine {
+ public:
+  explicit TimedEngine(std::unique_ptr<SearchEngine> engine) : engine_(std::move(engine)) {}
+  const EngineInfo& info() const override { return engine_->info(); }
+  // The engine itself, untimed.
+  const SearchEngine& inner() const { return *engine_; }
+  absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<EngineResult> result = engine_->Search(query);
+    const absl::Duration took = absl::Now() - start;
+    absl::MutexLock lock(&mu_);
+    times_.push_back(took);
+    return result;
+  }
+  // The times recorded since the last call, as Stats (latencies only).
+  Stats TakeTimes() {
+    Stats stats;
+    {
+      absl::MutexLock lock(&mu_);
+      stats.latencies.swap(times_);
+    }
+    std::sort(stats.latencies.begin(), stats.latencies.end());
+    return stats;
+  }
+
+ private:
+  const std::unique_ptr<SearchEngine> engine_;
+  mutable absl::Mutex mu_;
+  mutable std::vector<absl::Duration> times_ ABSL_GUARDED_BY(mu_);
+};
+
 // The shards of `dir`, `replicas` each, and a router over them.
 struct Cluster {
   Cluster(const std::string& dir, int shards, int replicas, RouterOptions options,
-          int batch_threads = BatcherOptions().num_threads) {
+          BatcherOptions batcher = BatcherOptions()) {
     testing::TestShardOptions shard_options;
-    shard_options.batcher.num_threads = batch_threads;
+    shard_options.batcher = batcher;
     ShardMap map;
     for (int r = 0; r < replicas; ++r) {
       for (int s = 0; s < shards; ++s) {
-        servers.push_back(std::make_unique<TestShard>(s, Engine(dir, s), shard_options));
+        auto engine = std::make_unique<TimedEngine>(Engine(dir, s));
+        engines.push_back(engine.get());
+        servers.push_back(std::make_unique<TestShard>(s, std::move(engine), shard_options));
         map[s].push_back(servers.back()->address());
       }
     }
     router = std::make_unique<TestRouter>(map, std::move(options));
   }
   std::vector<std::unique_ptr<TestShard>> servers;  // replica-major
+  std::vector<TimedEngine*> engines;                // servers[i]'s engine
   std::unique_ptr<TestRouter> router;
 };
+
+// a)'s and b)'s shards batch as knnserve-shard --batch-threads and --inline-budget-us say.
+BatcherOptions ShardBatcher(const Flags& flags) {
+  BatcherOptions options;
+  options.num_threads = flags.shard_batch_threads;
+  options.inline_budget = absl::Microseconds(flags.shard_inline_budget_us);
+  return options;
+}
 
 RouterOptions Options(bool hedge) {
   RouterOptions options = testing::FastRouterOptions();
@@ -231,7 +283,9 @@ RouterOptions Options(bool hedge) {
   return options;
 }
 
-// Answers every query at once with no neighbours: what remains is the service's own work.
+// Answers every query at once: what remains is the service's own work. The answer has a real
+// search's size on the wire: distinct ids of the slice, distances ascending (missing
+// neighbours' ids, -1, would take 10 bytes each as varints instead of 3 and parse slower).
 class InstantEngine : public SearchEngine {
  public:
   InstantEngine(int dim, int64_t num_sentences, int shard, int num_shards) {
@@ -244,30 +298,108 @@ class InstantEngine : public SearchEngine {
   }
   const EngineInfo& info() const override { return info_; }
   absl::StatusOr<EngineResult> Search(const SearchQuery& query) const override {
-    return EngineResult{
-        Neighbors::Missing(query.queries.rows(), query.params.k, info_.metric, false), 0};
+    Neighbors neighbors =
+        Neighbors::Missing(query.queries.rows(), query.params.k, info_.metric, false);
+    const int64_t span = std::max<int64_t>(1, info_.id_end - info_.id_begin);
+    for (size_t i = 0; i < neighbors.ids.size(); ++i) {
+      neighbors.ids[i] = info_.id_begin + static_cast<int64_t>(i * 7919) % span;
+      neighbors.distances[i] = static_cast<float>(i % query.params.k);
+    }
+    return EngineResult{std::move(neighbors), 0};
   }
 
  private:
   EngineInfo info_;
 };
 
+absl::Duration Median(std::vector<absl::Duration> durations) {
+  std::sort(durations.begin(), durations.end());
+  return durations.empty() ? absl::ZeroDuration() : durations[durations.size() / 2];
+}
+
 // The median latency of a)'s request through the router and one shard whose engine answers at
-// once: the service's own share of a)'s p50 overhead, without the search's noise.
-absl::Duration ServiceAloneLatency(const Flags& flags) {
+// once: the service's own share of a)'s p50 overhead, without the search's noise. Measured back
+// to back and with the client idle for `pause` before each request, as it is for the length of
+// an in-process search in a)'s pairs: on this VM a request after ~40 ms of idleness took
+// ~0.5 ms longer than one right after another (wake-ups of idle threads and vCPUs).
+struct ServiceAlone {
+  absl::Duration back_to_back;
+  absl::Duration after_pause;
+};
+
+ServiceAlone ServiceAloneLatency(const Flags& flags, absl::Duration pause) {
   TestShard shard(0, std::make_unique<InstantEngine>(flags.dim, flags.vectors, 0, 1));
   ShardMap map;
   map[0].push_back(shard.address());
   TestRouter router(map, Options(false));
   const RouterClients clients(flags, router.address(), 1);
   ThroughRouter(flags, clients, 0.5);  // warm-up: channels, allocations
-  return ThroughRouter(flags, clients, std::max(1.0, flags.seconds / 2)).Quantile(0.5);
+  ServiceAlone result;
+  result.back_to_back =
+      ThroughRouter(flags, clients, std::max(1.0, flags.seconds / 2)).Quantile(0.5);
+  std::vector<absl::Duration> paused;
+  for (int i = 0; i < flags.pairs; ++i) {
+    absl::SleepFor(pause);
+    const absl::Time start = absl::Now();
+    v1::SearchResponse response;
+    const grpc::Status status = testing::CallSearch(clients.stubs[0].get(), clients.requests[0],
+                                                    &response, absl::Seconds(120));
+    KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
+    paused.push_back(absl::Now() - start);
+  }
+  result.after_pause = Median(std::move(paused));
+  return result;
+}
+
+std::string ServiceAloneLine(const Flags& flags, absl::Duration pause) {
+  const ServiceAlone alone = ServiceAloneLatency(flags, pause);
+  return absl::StrFormat(
+      "The same request through the router and a shard whose engine answers at once: p50 %s ms "
+      "back to back, %s ms after %s ms idle (median of %d).\n",
+      Ms(alone.back_to_back), Ms(alone.after_pause), Ms(pause), flags.pairs);
+}
+
+// a)'s p50 overhead measured in pairs: one client searches in-process, then sends the same
+// request through the router, `flags.pairs` times. This machine's speed drifts by more than the
+// overhead within the seconds a slice lasts, which moved the slices' p50 difference by
+// milliseconds from run to run; each pair's difference cancels the drift.
+struct PairedOverhead {
+  absl::Duration overhead;  // median of (through the router - in-process)
+  absl::Duration engine;    // median of (the shard's engine call - the in-process search)
+  absl::Duration service;   // median of (through the router - the shard's engine call)
+};
+
+PairedOverhead Paired(const Flags& flags, const SearchEngine& engine, TimedEngine& shard_engine,
+                      const std::string& router_address) {
+  const SearchQuery query = Query(flags, 0);
+  const RouterClients client(flags, router_address, 1);  // the same queries (seed 0)
+  std::vector<absl::Duration> overhead, engine_extra, service;
+  shard_engine.TakeTimes();
+  for (int i = 0; i < flags.pairs; ++i) {
+    absl::Time start = absl::Now();
+    KNNSERVE_CHECK(engine.Search(query).ok(), "in-process search");
+    const absl::Duration local = absl::Now() - start;
+    start = absl::Now();
+    v1::SearchResponse response;
+    const grpc::Status status = testing::CallSearch(client.stubs[0].get(), client.requests[0],
+                                                    &response, absl::Seconds(120));
+    KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
+    const absl::Duration routed = absl::Now() - start;
+    const Stats shard = shard_engine.TakeTimes();
+    KNNSERVE_CHECK(shard.latencies.size() == 1, "one engine call per request");
+    overhead.push_back(routed - local);
+    engine_extra.push_back(shard.latencies[0] - local);
+    service.push_back(routed - shard.latencies[0]);
+  }
+  return {Median(overhead), Median(engine_extra), Median(service)};
 }
 
 void BenchA(const Flags& flags) {
   const std::string dir = IndexDir(flags, 1);
-  std::unique_ptr<SearchEngine> engine = Engine(dir, 0);
-  Cluster cluster(dir, 1, 1, Options(false), flags.shard_batch_threads);
+  Cluster cluster(dir, 1, 1, Options(false), ShardBatcher(flags));
+  // The in-process side searches the shard's own engine: two loaded copies of one index
+  // differed in speed by more than the service costs.
+  const SearchEngine& engine = cluster.engines[0]->inner();
   std::printf(
       "\n### a) router + 1 shard over loopback vs in-process (%s, %lld x %d, batch %d, "
       "k %d, nprobe %d)\n\n",
@@ -275,23 +407,34 @@ void BenchA(const Flags& flags) {
       flags.nprobe);
   std::printf(
       "| clients | in-process rows/s | router rows/s | ratio | in-process p50 ms | "
-      "router p50 ms | p50 overhead ms |\n|---|---|---|---|---|---|---|\n");
+      "router p50 ms | p50 overhead ms | shard engine p50 ms |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  absl::Duration in_process_p50;  // one client's: the idle gap before each request in the pairs
   for (int clients : {1, 2}) {
     const RouterClients router_clients(flags, cluster.router->address(), clients);
+    cluster.engines[0]->TakeTimes();  // the warm-up's and earlier rows'
     const std::vector<Stats> stats = Alternate(
-        flags, {InProcessSide(flags, *engine, clients), RouterSide(flags, router_clients)});
+        flags, {InProcessSide(flags, engine, clients), RouterSide(flags, router_clients)});
     const Stats& local = stats[0];
     const Stats& remote = stats[1];
-    std::printf("| %d | %.0f | %.0f | %.3f | %s | %s | %s |\n", clients, local.rows_per_second(),
-                remote.rows_per_second(), remote.rows_per_second() / local.rows_per_second(),
-                Ms(local.Quantile(0.5)).c_str(), Ms(remote.Quantile(0.5)).c_str(),
-                Ms(remote.Quantile(0.5) - local.Quantile(0.5)).c_str());
+    if (clients == 1) in_process_p50 = local.Quantile(0.5);
+    std::printf("| %d | %.0f | %.0f | %.3f | %s | %s | %s | %s |\n", clients,
+                local.rows_per_second(), remote.rows_per_second(),
+                remote.rows_per_second() / local.rows_per_second(), Ms(local.Quantile(0.5)).c_str(),
+                Ms(remote.Quantile(0.5)).c_str(),
+                Ms(remote.Quantile(0.5) - local.Quantile(0.5)).c_str(),
+                Ms(cluster.engines[0]->TakeTimes().Quantile(0.5)).c_str());
     std::fflush(stdout);
   }
+  const PairedOverhead paired =
+      Paired(flags, engine, *cluster.engines[0], cluster.router->address());
   std::printf(
-      "\nThe same request through the router and a shard whose engine answers at once: "
-      "p50 %s ms.\n",
-      Ms(ServiceAloneLatency(flags)).c_str());
+      "\nPaired, one client, %d pairs (a search in-process, then the same request through the "
+      "router): p50 overhead %s ms (the median of the pairs' differences); the shard's engine call "
+      "minus the in-process search %s ms, the service around the engine call %s ms.\n",
+      flags.pairs, Ms(paired.overhead).c_str(), Ms(paired.engine).c_str(),
+      Ms(paired.service).c_str());
+  std::printf("%s", ServiceAloneLine(flags, in_process_p50).c_str());
   std::fflush(stdout);
 }
 
@@ -304,7 +447,7 @@ void BenchB(const Flags& flags) {
   absl::StatusOr<std::unique_ptr<SearchEngine>> shard_engines =
       CreateLocalEngine(dir, {.threads = 1, .merge_shards = false});
   KNNSERVE_CHECK(shard_engines.ok(), std::string(shard_engines.status().message()).c_str());
-  Cluster cluster(dir, 4, 1, Options(false), flags.shard_batch_threads);
+  Cluster cluster(dir, 4, 1, Options(false), ShardBatcher(flags));
   std::printf(
       "\n### b) 4 shards behind the router vs one in-process index of the same size\n\n"
       "| clients | in-process rows/s | 4 shard engines in-process rows/s | 4 shards rows/s | "
@@ -522,6 +665,9 @@ int main(int argc, char** argv) {
   app.add_option("--slices", flags.slices,
                  "a) and b): alternating slices per side (the machine's speed drifts)")
       ->capture_default_str();
+  app.add_option("--pairs", flags.pairs, "a): in-process / router pairs for the paired overhead")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--steady-seconds", flags.steady_seconds, "per steady-rate scenario (c)")
       ->capture_default_str();
   app.add_option("--train-size", flags.train_size)->capture_default_str();
@@ -534,7 +680,10 @@ int main(int argc, char** argv) {
   app.add_option("--shard-batch-threads", flags.shard_batch_threads,
                  "a) and b): engine calls each shard runs at once (knnserve-shard --batch-threads)")
       ->capture_default_str();
-  app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c, d")
+  app.add_option("--shard-inline-budget-us", flags.shard_inline_budget_us,
+                 "a) and b): knnserve-shard --inline-budget-us")
+      ->capture_default_str();
+  app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c, d, s")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   knnserve::InitLog("bench", knnserve::LogLevel::kWarning);
@@ -542,5 +691,9 @@ int main(int argc, char** argv) {
   if (parts.find('b') != std::string::npos) knnserve::BenchB(flags);
   if (parts.find('c') != std::string::npos) knnserve::BenchC(flags);
   if (parts.find('d') != std::string::npos) knnserve::BenchD(flags);
+  if (parts.find('s') != std::string::npos) {
+    std::printf("\n### s) the service alone\n\n%s",
+                knnserve::ServiceAloneLine(flags, absl::Milliseconds(40)).c_str());
+  }
   return 0;
 }
