@@ -67,9 +67,9 @@ struct Flags {
   int group_size = 512;
   int subset_rounds = 3;
   int shard_batch_threads =
-      BatcherOptions().num_threads;  // a) and b): each shard's engine calls at once
+      BatcherOptions().num_threads;  // a), b), s): each shard's engine calls at once
   int64_t shard_inline_budget_us =
-      absl::ToInt64Microseconds(BatcherOptions().inline_budget);  // a) and b)
+      absl::ToInt64Microseconds(BatcherOptions().inline_budget);  // a), b), s)
 };
 
 std::string IndexDir(const Flags& flags, int shards) {
@@ -177,13 +177,19 @@ struct RouterClients {
   std::vector<std::unique_ptr<v1::Retrieval::Stub>> stubs;
 };
 
+// One search by client `c`; returns how long it took.
+absl::Duration RoutedOnce(const RouterClients& clients, int c = 0) {
+  const absl::Time start = absl::Now();
+  v1::SearchResponse response;
+  const grpc::Status status = testing::CallSearch(clients.stubs[c].get(), clients.requests[c],
+                                                  &response, absl::Seconds(120));
+  KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
+  return absl::Now() - start;
+}
+
 Stats ThroughRouter(const Flags& flags, const RouterClients& clients, double seconds) {
-  return ClosedLoop(static_cast<int>(clients.stubs.size()), seconds, flags.batch, [&](int c) {
-    v1::SearchResponse response;
-    const grpc::Status status = testing::CallSearch(clients.stubs[c].get(), clients.requests[c],
-                                                    &response, absl::Seconds(120));
-    KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
-  });
+  return ClosedLoop(static_cast<int>(clients.stubs.size()), seconds, flags.batch,
+                    [&](int c) { RoutedOnce(clients, c); });
 }
 
 // Each side measured `flags.seconds` in `flags.slices` slices, the sides alternating: this
@@ -267,7 +273,7 @@ struct Cluster {
   std::unique_ptr<TestRouter> router;
 };
 
-// a)'s and b)'s shards batch as knnserve-shard --batch-threads and --inline-budget-us say.
+// a)'s, b)'s and s)'s shards batch as knnserve-shard --batch-threads and --inline-budget-us say.
 BatcherOptions ShardBatcher(const Flags& flags) {
   BatcherOptions options;
   options.num_threads = flags.shard_batch_threads;
@@ -319,16 +325,20 @@ absl::Duration Median(std::vector<absl::Duration> durations) {
 
 // The median latency of a)'s request through the router and one shard whose engine answers at
 // once: the service's own share of a)'s p50 overhead, without the search's noise. Measured back
-// to back and with the client idle for `pause` before each request, as it is for the length of
-// an in-process search in a)'s pairs: on this VM a request after ~40 ms of idleness took
-// ~0.5 ms longer than one right after another (wake-ups of idle threads and vCPUs).
+// to back and with the client asleep for `pause` before each request. In a)'s pairs the client
+// searches in-process for that long while the service's threads sleep; on this VM a request
+// after ~40 ms in which the service did nothing took ~0.5 ms longer than one right after
+// another (the client sleeping or spinning meanwhile alike, docs/service.md run 16).
 struct ServiceAlone {
   absl::Duration back_to_back;
   absl::Duration after_pause;
 };
 
 ServiceAlone ServiceAloneLatency(const Flags& flags, absl::Duration pause) {
-  TestShard shard(0, std::make_unique<InstantEngine>(flags.dim, flags.vectors, 0, 1));
+  testing::TestShardOptions shard_options;
+  shard_options.batcher = ShardBatcher(flags);
+  TestShard shard(0, std::make_unique<InstantEngine>(flags.dim, flags.vectors, 0, 1),
+                  shard_options);
   ShardMap map;
   map[0].push_back(shard.address());
   TestRouter router(map, Options(false));
@@ -340,12 +350,7 @@ ServiceAlone ServiceAloneLatency(const Flags& flags, absl::Duration pause) {
   std::vector<absl::Duration> paused;
   for (int i = 0; i < flags.pairs; ++i) {
     absl::SleepFor(pause);
-    const absl::Time start = absl::Now();
-    v1::SearchResponse response;
-    const grpc::Status status = testing::CallSearch(clients.stubs[0].get(), clients.requests[0],
-                                                    &response, absl::Seconds(120));
-    KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
-    paused.push_back(absl::Now() - start);
+    paused.push_back(RoutedOnce(clients));
   }
   result.after_pause = Median(std::move(paused));
   return result;
@@ -359,39 +364,50 @@ std::string ServiceAloneLine(const Flags& flags, absl::Duration pause) {
       Ms(alone.back_to_back), Ms(alone.after_pause), Ms(pause), flags.pairs);
 }
 
-// a)'s p50 overhead measured in pairs: one client searches in-process, then sends the same
-// request through the router, `flags.pairs` times. This machine's speed drifts by more than the
-// overhead within the seconds a slice lasts, which moved the slices' p50 difference by
-// milliseconds from run to run; each pair's difference cancels the drift.
+// a)'s p50 overhead measured in pairs: one client alternates a search in-process and the same
+// request through the router, `flags.pairs` routed requests between `flags.pairs` + 1 searches,
+// so that every request follows a search (the service idle meanwhile, as in a)) and every search
+// follows a request. Each request is paired with the search before it and, apart, with the
+// search after it: were one order to favour a side (caches the other side filled, the same
+// query's lists searched just before), the two pairings would differ. This machine's speed
+// drifts by more than the overhead within the seconds a slice lasts, which moved the slices'
+// p50 difference by milliseconds from run to run; each pair's difference cancels the drift.
+// Each median is taken over the pairs on its own: the overhead is not the sum of the others.
 struct PairedOverhead {
-  absl::Duration overhead;  // median of (through the router - in-process)
-  absl::Duration engine;    // median of (the shard's engine call - the in-process search)
-  absl::Duration service;   // median of (through the router - the shard's engine call)
+  absl::Duration overhead_before, overhead_after;  // through the router - in-process
+  absl::Duration engine_before, engine_after;      // the shard's engine call - in-process
+  absl::Duration service;                          // through the router - the shard's engine call
 };
 
 PairedOverhead Paired(const Flags& flags, const SearchEngine& engine, TimedEngine& shard_engine,
                       const std::string& router_address) {
   const SearchQuery query = Query(flags, 0);
   const RouterClients client(flags, router_address, 1);  // the same queries (seed 0)
-  std::vector<absl::Duration> overhead, engine_extra, service;
+  const auto search_in_process = [&] {
+    const absl::Time start = absl::Now();
+    KNNSERVE_CHECK(engine.Search(query).ok(), "in-process search");
+    return absl::Now() - start;
+  };
+  RoutedOnce(client);  // warm-up: the channel's connection
+  std::vector<absl::Duration> local = {search_in_process()};
+  std::vector<absl::Duration> routed, shard;
   shard_engine.TakeTimes();
   for (int i = 0; i < flags.pairs; ++i) {
-    absl::Time start = absl::Now();
-    KNNSERVE_CHECK(engine.Search(query).ok(), "in-process search");
-    const absl::Duration local = absl::Now() - start;
-    start = absl::Now();
-    v1::SearchResponse response;
-    const grpc::Status status = testing::CallSearch(client.stubs[0].get(), client.requests[0],
-                                                    &response, absl::Seconds(120));
-    KNNSERVE_CHECK(status.ok(), status.error_message().c_str());
-    const absl::Duration routed = absl::Now() - start;
-    const Stats shard = shard_engine.TakeTimes();
-    KNNSERVE_CHECK(shard.latencies.size() == 1, "one engine call per request");
-    overhead.push_back(routed - local);
-    engine_extra.push_back(shard.latencies[0] - local);
-    service.push_back(routed - shard.latencies[0]);
+    routed.push_back(RoutedOnce(client));
+    const Stats engine_calls = shard_engine.TakeTimes();
+    KNNSERVE_CHECK(engine_calls.latencies.size() == 1, "one engine call per request");
+    shard.push_back(engine_calls.latencies[0]);
+    local.push_back(search_in_process());
   }
-  return {Median(overhead), Median(engine_extra), Median(service)};
+  const auto median_minus_search = [&](const std::vector<absl::Duration>& times, int offset) {
+    std::vector<absl::Duration> differences;
+    for (int i = 0; i < flags.pairs; ++i) differences.push_back(times[i] - local[i + offset]);
+    return Median(std::move(differences));
+  };
+  std::vector<absl::Duration> service;
+  for (int i = 0; i < flags.pairs; ++i) service.push_back(routed[i] - shard[i]);
+  return {median_minus_search(routed, 0), median_minus_search(routed, 1),
+          median_minus_search(shard, 0), median_minus_search(shard, 1), Median(std::move(service))};
 }
 
 void BenchA(const Flags& flags) {
@@ -429,10 +445,12 @@ void BenchA(const Flags& flags) {
   const PairedOverhead paired =
       Paired(flags, engine, *cluster.engines[0], cluster.router->address());
   std::printf(
-      "\nPaired, one client, %d pairs (a search in-process, then the same request through the "
-      "router): p50 overhead %s ms (the median of the pairs' differences); the shard's engine call "
-      "minus the in-process search %s ms, the service around the engine call %s ms.\n",
-      flags.pairs, Ms(paired.overhead).c_str(), Ms(paired.engine).c_str(),
+      "\nPaired, one client: %d requests through the router alternating with the same search "
+      "in-process (medians of the pairs' differences, each on its own). Each request minus the "
+      "search before it: p50 overhead %s ms, the shard's engine call minus that search %s ms; "
+      "minus the search after it: %s ms and %s ms. The service around the engine call: %s ms.\n",
+      flags.pairs, Ms(paired.overhead_before).c_str(), Ms(paired.engine_before).c_str(),
+      Ms(paired.overhead_after).c_str(), Ms(paired.engine_after).c_str(),
       Ms(paired.service).c_str());
   std::printf("%s", ServiceAloneLine(flags, in_process_p50).c_str());
   std::fflush(stdout);
@@ -652,6 +670,7 @@ void BenchD(const Flags& flags) {
 
 int main(int argc, char** argv) {
   knnserve::InitProcess(argv);
+  knnserve::KeepServedBlocksOnTheHeap();  // as knnserve-shard and knnserve-router do
   knnserve::Flags flags;
   std::string parts = "abc";
   CLI::App app{"knnserve service benchmarks"};
@@ -678,10 +697,13 @@ int main(int argc, char** argv) {
   app.add_option("--subset-rounds", flags.subset_rounds, "streams per configuration (d)")
       ->capture_default_str();
   app.add_option("--shard-batch-threads", flags.shard_batch_threads,
-                 "a) and b): engine calls each shard runs at once (knnserve-shard --batch-threads)")
+                 "a), b) and s): engine calls each shard runs at once (knnserve-shard "
+                 "--batch-threads)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--shard-inline-budget-us", flags.shard_inline_budget_us,
-                 "a) and b): knnserve-shard --inline-budget-us")
+                 "a), b) and s): knnserve-shard --inline-budget-us")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
       ->capture_default_str();
   app.add_option("--parts", parts, "which benchmarks to run: any of a, b, c, d, s")
       ->capture_default_str();

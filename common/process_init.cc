@@ -4,10 +4,12 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "absl/synchronization/mutex.h"
 
@@ -44,24 +46,24 @@ void UseFasterOpenBlasKernels(char** argv) {
   unsetenv("OPENBLAS_CORETYPE");
 }
 
-// glibc gives the top of a heap back to the kernel once more than the trim threshold is free
-// there, and serves blocks above the mmap threshold with fresh mappings; both thresholds
-// start near 128 KiB and grow only with the largest block freed so far. A served request moves
-// a few such blocks (a batch of 64 fp32 queries of dimension 512 is 128 KiB, on every hop),
-// so every request faulted its pages in again and unmapped them after, with a TLB shootdown
-// on the other cores: ~45 page faults per request through a router and a shard, ~1.5 with
-// these settings, and the p50 of that request with an engine that answers at once fell from
-// 1.13 to 0.89 ms (medians of 6 alternated runs, docs/service.md run 16). The cost is freed memory
-// kept: up to the trim threshold per heap, blocks of up to 32 MiB (glibc's largest mmap threshold)
-// taken from the heaps.
-void KeepFreedMemoryForReuse() {
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return;
-  constexpr int kMmapThreshold = 32 << 20;
-  constexpr int kTrimThreshold = 64 << 20;
-  // Either call fails only under an allocator that is not glibc's (sanitizers): no tuning then.
-  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
-  mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+struct MallocParameterNames {
+  int mallopt_param;
+  const char* tunable;  // in GLIBC_TUNABLES
+  const char* legacy;   // glibc's older environment variable for it
+};
+
+MallocParameterNames NamesOf(MallocParameter parameter) {
+  switch (parameter) {
+    case MallocParameter::kMmapThreshold:
+      return {M_MMAP_THRESHOLD, "glibc.malloc.mmap_threshold", "MALLOC_MMAP_THRESHOLD_"};
+    case MallocParameter::kMmapMax:
+      return {M_MMAP_MAX, "glibc.malloc.mmap_max", "MALLOC_MMAP_MAX_"};
+    case MallocParameter::kTrimThreshold:
+      return {M_TRIM_THRESHOLD, "glibc.malloc.trim_threshold", "MALLOC_TRIM_THRESHOLD_"};
+    case MallocParameter::kTopPad:
+      return {M_TOP_PAD, "glibc.malloc.top_pad", "MALLOC_TOP_PAD_"};
+  }
+  return {};
 }
 
 }  // namespace
@@ -73,12 +75,54 @@ const char* OpenBlasCoreFor(const char* detected, CpuVectorFeatures cpu) {
   return nullptr;
 }
 
+bool MallocParameterConfigured(MallocParameter parameter, const char* glibc_tunables,
+                               const char* legacy_value) {
+  if (legacy_value != nullptr) return true;
+  if (glibc_tunables == nullptr) return false;
+  const std::string_view name = NamesOf(parameter).tunable;
+  // GLIBC_TUNABLES is a colon-separated list of name=value.
+  for (std::string_view rest = glibc_tunables; !rest.empty();) {
+    const size_t end = std::min(rest.find(':'), rest.size());
+    const std::string_view entry = rest.substr(0, end);
+    if (entry.substr(0, entry.find('=')) == name) return true;
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+  }
+  return false;
+}
+
+void SetMallocParameter(MallocParameter parameter, int value) {
+  const MallocParameterNames names = NamesOf(parameter);
+  if (MallocParameterConfigured(parameter, std::getenv("GLIBC_TUNABLES"),
+                                std::getenv(names.legacy))) {
+    return;
+  }
+  // Fails only under an allocator that is not glibc's (sanitizers): no tuning then.
+  mallopt(names.mallopt_param, value);
+}
+
+// With its dynamic thresholds (the state until the first mallopt) glibc serves a block with a
+// mapping of its own only beyond the largest such block freed so far, and gives the free top of
+// a thread's heap back to the kernel (madvise(MADV_DONTNEED)) once more than about twice that
+// is free. A served request moves a few blocks of 128 KiB and more (a batch of 64 fp32 queries
+// of dimension 512 on every hop) through the gRPC threads' heaps, so those tops were given back
+// and faulted in again on every request: 1,285 madvise calls in one service-alone run of
+// service_bench (part s), ~45 page faults per request through a router and a shard, against
+// ~1.5 with these settings; that request's p50 fell from 1.13 to 0.89 ms (medians of 6
+// alternated runs, docs/service.md run 16). Both thresholds are set because setting either
+// fixes the other at its default: the trim threshold alone left the mmap threshold at 128 KiB,
+// below such a block, and each request mapped and unmapped its blocks instead (288 munmap calls
+// in a run of the same part). The cost is freed memory kept: up to 64 MiB free at the top of each
+// heap, and glibc makes up to 8 heaps (arenas) per core for threads that allocate at once.
+void KeepServedBlocksOnTheHeap() {
+  SetMallocParameter(MallocParameter::kMmapThreshold, 32 << 20);  // glibc's largest
+  SetMallocParameter(MallocParameter::kTrimThreshold, 64 << 20);
+}
+
 void InitProcess(char** argv) {
   UseFasterOpenBlasKernels(argv);
   // The detection costs a graph update per lock; a served step takes a few dozen locks in
   // gRPC alone (2% of the router's samples went to GraphCycles::GetId).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  KeepFreedMemoryForReuse();
 }
 
 }  // namespace knnserve

@@ -12,8 +12,6 @@ namespace knnserve {
 //    with OPENBLAS_CORETYPE naming the kernels the CPU can run (OpenBlasCoreFor). OpenBLAS
 //    reads the variable only while it is loaded, before main. A user's own OPENBLAS_CORETYPE
 //    is left alone, and so is the process if the re-execution fails.
-// 3. Makes glibc's malloc keep freed memory for reuse (KeepFreedMemoryForReuse) unless
-//    GLIBC_TUNABLES sets malloc tunables of its own.
 // REQUIRES: called before any thread is started; argv is main's (null-terminated).
 void InitProcess(char** argv);
 
@@ -25,6 +23,30 @@ struct CpuVectorFeatures {
   bool avx512 = false;  // F, CD, BW, DQ and VL
 };
 const char* OpenBlasCoreFor(const char* detected, CpuVectorFeatures cpu);
+
+// The glibc malloc parameters knnserve sets (mallopt's M_MMAP_THRESHOLD, M_MMAP_MAX,
+// M_TRIM_THRESHOLD, M_TOP_PAD).
+enum class MallocParameter { kMmapThreshold, kMmapMax, kTrimThreshold, kTopPad };
+
+// Whether the environment sets `parameter`: `glibc_tunables` (GLIBC_TUNABLES' value, a
+// colon-separated list of name=value; may be null) names glibc.malloc.mmap_threshold,
+// .mmap_max, .trim_threshold or .top_pad, or `legacy_value` (the value of glibc's older
+// variable, MALLOC_MMAP_THRESHOLD_ etc.; may be null) is set.
+bool MallocParameterConfigured(MallocParameter parameter, const char* glibc_tunables,
+                               const char* legacy_value);
+
+// mallopt(parameter, value), unless this process's environment sets the parameter: a setting
+// of the user's wins. The first mallopt of a process turns glibc's dynamic mmap and trim
+// thresholds off for good.
+void SetMallocParameter(MallocParameter parameter, int value);
+
+// For the servers and the benchmarks that host them: blocks of up to 32 MiB are taken from the
+// heaps and freed memory is given back only beyond 64 MiB free at a heap's top, so that the
+// blocks a request moves are not faulted in again on every request. The cost: up to 64 MiB
+// of freed memory kept per heap (glibc makes up to 8 per core). Not for the index and datastore
+// builds, whose multi-GB buffers would fragment the heaps.
+// REQUIRES: called before any thread is started.
+void KeepServedBlocksOnTheHeap();
 
 }  // namespace knnserve
 

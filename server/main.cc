@@ -109,6 +109,7 @@ int Run(const RouterFlags& flags) {
 
 int main(int argc, char** argv) {
   knnserve::InitProcess(argv);
+  knnserve::KeepServedBlocksOnTheHeap();
   knnserve::BlockTerminationSignals();
   knnserve::RouterFlags flags;
   CLI::App app{"knnserve-router: fan kNN searches out to knnserve shards and merge them"};

@@ -133,6 +133,7 @@ int Run(const ShardFlags& flags) {
 
 int main(int argc, char** argv) {
   knnserve::InitProcess(argv);
+  knnserve::KeepServedBlocksOnTheHeap();
   knnserve::BlockTerminationSignals();
   knnserve::ShardFlags flags;
   CLI::App app{"knnserve-shard: serve one shard of a knnserve index over gRPC"};

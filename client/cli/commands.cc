@@ -1,10 +1,10 @@
 #include "client/cli/commands.h"
 
-#include <malloc.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "common/process_init.h"
 
 namespace knnserve::cli {
 
@@ -23,9 +23,10 @@ void AdviseWaitPolicy() {
 }
 
 void KeepFreedMemory() {
-  mallopt(M_MMAP_MAX, 0);  // threads' arenas still map chunks beyond their 64 MiB heaps
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_TOP_PAD, 64 << 20);
+  // Threads' arenas still map chunks beyond their 64 MiB heaps.
+  SetMallocParameter(MallocParameter::kMmapMax, 0);
+  SetMallocParameter(MallocParameter::kTrimThreshold, 1 << 30);
+  SetMallocParameter(MallocParameter::kTopPad, 64 << 20);
 }
 
 }  // namespace knnserve::cli

@@ -39,7 +39,8 @@ void AdviseWaitPolicy();
 // defaults unmap such chunks when freed and trim the heap, and the next step page-faults it all
 // in again (7 million faults in 100 s of training on a 2-core VM, most of its time). The price:
 // the process keeps its peak memory. Not for the index and datastore builds, whose multi-GB
-// buffers would stay resident and fragment the heap.
+// buffers would stay resident and fragment the heap. Each parameter the environment sets
+// (GLIBC_TUNABLES, MALLOC_*_) is left as the user set it (SetMallocParameter).
 void KeepFreedMemory();
 
 }  // namespace knnserve::cli

@@ -40,5 +40,26 @@ TEST(InitProcess, LeavesOpenBlasOnKernelsBeyondSse3WhereTheCpuHasAvx2) {
   EXPECT_STRNE(core_name(), "Prescott");
 }
 
+TEST(MallocParameterConfigured, NamesOnlyTheParametersTheEnvironmentSets) {
+  const MallocParameter trim = MallocParameter::kTrimThreshold;
+  EXPECT_FALSE(MallocParameterConfigured(trim, nullptr, nullptr));
+  EXPECT_FALSE(MallocParameterConfigured(trim, "", nullptr));
+  EXPECT_TRUE(MallocParameterConfigured(trim, "glibc.malloc.trim_threshold=1", nullptr));
+  EXPECT_TRUE(MallocParameterConfigured(
+      trim, "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=1", nullptr));
+  // Another malloc tunable (the usual arena_max) leaves this parameter to knnserve.
+  EXPECT_FALSE(MallocParameterConfigured(trim, "glibc.malloc.arena_max=2", nullptr));
+  EXPECT_FALSE(MallocParameterConfigured(trim, "glibc.malloc.trim_threshold_x=1", nullptr));
+  EXPECT_FALSE(MallocParameterConfigured(trim, "xglibc.malloc.trim_threshold=1", nullptr));
+  EXPECT_FALSE(MallocParameterConfigured(MallocParameter::kMmapThreshold,
+                                         "glibc.malloc.trim_threshold=1", nullptr));
+  EXPECT_TRUE(MallocParameterConfigured(MallocParameter::kMmapThreshold,
+                                        "glibc.malloc.mmap_threshold=1:", nullptr));
+  EXPECT_TRUE(MallocParameterConfigured(MallocParameter::kTopPad, "glibc.malloc.top_pad", nullptr));
+  // glibc's older variable, e.g. MALLOC_TRIM_THRESHOLD_, set to anything.
+  EXPECT_TRUE(MallocParameterConfigured(trim, nullptr, "1048576"));
+  EXPECT_TRUE(MallocParameterConfigured(MallocParameter::kMmapMax, "", ""));
+}
+
 }  // namespace
 }  // namespace knnserve
