@@ -37,14 +37,15 @@ std::vector<int64_t> MaxLengths(const model::TransformerModel& model,
 // the projection and softmax. context.log_probs holds the result; FinishLogProbs finishes it.
 absl::Status StartLogProbs(model::TransformerModel& model, const model::EncoderOutput& encoder_out,
                            model::DecoderState& state, const torch::Tensor& last,
-                           const std::vector<int64_t>& row_sentence, int64_t step,
-                           LogitsProcessor* processor, StepContext& context) {
+                           const std::vector<int64_t>& row_sentence, std::vector<int64_t> live_rows,
+                           int64_t step, LogitsProcessor* processor, StepContext& context) {
   model::DecoderOutput out = model->DecodeStep(last, encoder_out, state, /*with_logits=*/false);
   context = StepContext();
   context.step = step;
   context.features = out.features.squeeze(1);
   context.ffn_in = out.ffn_in.squeeze(1);
   context.sentence = torch::tensor(row_sentence, torch::kLong);
+  context.live_rows = std::move(live_rows);
   if (processor != nullptr) RETURN_IF_ERROR(processor->BeginStep(context));
   context.log_probs = torch::log_softmax(model->Logits(context.features).to(torch::kFloat), -1);
   return absl::OkStatus();
@@ -93,8 +94,10 @@ absl::StatusOr<torch::Tensor> StepLogProbs(model::TransformerModel& model,
                                            const std::vector<int64_t>& max_len, int64_t step,
                                            const SearchOptions& options) {
   StepContext context;
-  RETURN_IF_ERROR(StartLogProbs(model, encoder_out, state, last, row_sentence, step,
-                                options.processor, context));
+  std::vector<int64_t> every_row(row_sentence.size());
+  std::iota(every_row.begin(), every_row.end(), 0);
+  RETURN_IF_ERROR(StartLogProbs(model, encoder_out, state, last, row_sentence, std::move(every_row),
+                                step, options.processor, context));
   return FinishLogProbs(model->config(), row_sentence, max_len, options, options.processor,
                         context);
 }
@@ -189,9 +192,13 @@ class BeamBatch {
   // REQUIRES: !done(), and every earlier StartStep was followed by FinishStep.
   absl::Status StartStep() {
     row_sentence_.resize(rows_.size());
-    for (size_t r = 0; r < rows_.size(); ++r) row_sentence_[r] = alive_[r / beam_];
-    return StartLogProbs(model_, encoder_out_, state_, last_, row_sentence_, step_, processor_,
-                         context_);
+    std::vector<int64_t> live_rows;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      row_sentence_[r] = alive_[r / beam_];
+      if (rows_[r].score != kNegInf) live_rows.push_back(static_cast<int64_t>(r));
+    }
+    return StartLogProbs(model_, encoder_out_, state_, last_, row_sentence_, std::move(live_rows),
+                         step_, processor_, context_);
   }
 
   // REQUIRES: StartStep came before.

@@ -29,6 +29,10 @@ struct StepContext {
   torch::Tensor ffn_in;     // [rows, d]: input of the last decoder FFN
   torch::Tensor sentence;   // [rows] int64: index of each row's sentence in the input batch
   torch::Tensor log_probs;  // [rows, V] float: model log-probabilities; may be replaced
+  // The rows the search may extend, ascending. The others are dead (score -inf: beam search's
+  // rows beyond each sentence's first at step 0, filler rows of a sentence with fewer live
+  // candidates than beams): nothing reads their log_probs, so a processor may skip them.
+  std::vector<int64_t> live_rows;
 };
 
 // At every step the search calls BeginStep as soon as the decoder features exist, then

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -91,16 +92,28 @@ absl::Status ValidateKnnOptions(const KnnOptions& options) {
 
 absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const KnnOptions& options,
                             torch::Tensor& log_probs) {
-  if (log_probs.dim() != 2 || neighbors.rows != log_probs.size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat("interpolation: ", neighbors.rows,
-                                                   " neighbour rows for log-probabilities of ",
-                                                   log_probs.dim(), " dims"));
+  std::vector<int64_t> every_row(log_probs.dim() == 2 ? log_probs.size(0) : 0);
+  std::iota(every_row.begin(), every_row.end(), 0);
+  return InterpolateKnn(neighbors, every_row, metric, options, log_probs);
+}
+
+absl::Status InterpolateKnn(const Neighbors& neighbors, absl::Span<const int64_t> rows,
+                            Metric metric, const KnnOptions& options, torch::Tensor& log_probs) {
+  if (log_probs.dim() != 2 || neighbors.rows != static_cast<int64_t>(rows.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interpolation: ", neighbors.rows, " neighbour rows for ", rows.size(),
+                     " rows of log-probabilities of ", log_probs.dim(), " dims"));
+  }
+  for (const int64_t r : rows) {
+    if (r < 0 || r >= log_probs.size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat("interpolation: row ", r, " of ",
+                                                     log_probs.size(0), " log-probability rows"));
+    }
   }
   if (!neighbors.has_values()) {
     return absl::InvalidArgumentError("interpolation: the neighbours carry no values");
   }
   if (options.weight == 0) return absl::OkStatus();
-  const int64_t rows = log_probs.size(0);
   const int64_t vocab = log_probs.size(1);
   // log_probs itself when it already is CPU float32 and contiguous: a fresh [rows, V] tensor per
   // step cost page faults and a second pass over the memory.
@@ -110,10 +123,10 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
   float* data = work.data_ptr<float>();
   std::vector<std::pair<int32_t, double>> votes;  // (token, score = -d/τ, then its exp)
   std::vector<std::pair<int32_t, float>> voted;   // (token, interpolated log-probability)
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t n = 0; n < neighbors.rows; ++n) {
     votes.clear();
     for (int j = 0; j < neighbors.k; ++j) {
-      const int64_t i = r * neighbors.k + j;
+      const int64_t i = n * neighbors.k + j;
       const int32_t token = neighbors.values[i];
       const double d = neighbors.distances[i];
       if (neighbors.ids[i] < 0 || token < 0 || token >= vocab || !std::isfinite(d)) continue;
@@ -121,7 +134,7 @@ absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const Knn
       votes.emplace_back(token, (metric == Metric::kL2 ? -d : d) / options.temperature);
     }
     if (votes.empty()) continue;  // nothing retrieved for this row: p_MT alone
-    float* row = data + r * vocab;
+    float* row = data + rows[n] * vocab;
     // The voted tokens are combined in log space (log p_kNN only where p_kNN > 0): the votes'
     // exponentials are shifted by the largest score, so one exp per vote and one log per voted
     // token give log p_kNN (a chain of log-add-exps cost an exp and a log1p per vote, twice).
@@ -171,7 +184,8 @@ void KnnStats::Add(const KnnStats& other) {
 }
 
 struct KnnLogitsProcessor::PendingStep {
-  torch::Tensor features;  // a QueryTensor
+  std::vector<int64_t> rows;  // the step's live rows, which the query's rows answer for
+  torch::Tensor features;     // a QueryTensor of those rows
   std::vector<int32_t> row_group;
   // Written by the worker; read after WorkerThread::Wait.
   absl::StatusOr<Neighbors> neighbors;
@@ -268,12 +282,26 @@ absl::Status KnnLogitsProcessor::CollectSetup() {
 absl::StatusOr<std::unique_ptr<KnnLogitsProcessor::PendingStep>> KnnLogitsProcessor::PrepareStep(
     const decode::StepContext& context) const {
   if (!batch_begun_) return absl::FailedPreconditionError("kNN-MT step before BeginBatch");
+  for (const int64_t r : context.live_rows) {
+    if (r < 0 || r >= context.features.size(0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kNN-MT step: live row ", r, " of ", context.features.size(0), " rows"));
+    }
+  }
   auto step = std::make_unique<PendingStep>();
-  step->features = QueryTensor(context.features);
+  step->rows = context.live_rows;
+  // Dead rows are not searched: at beam search's first step they are four fifths of a beam of
+  // five, the same decoder state as the sentence's live row.
+  const bool every_row = static_cast<int64_t>(step->rows.size()) == context.features.size(0);
+  step->features = QueryTensor(
+      every_row ? context.features
+                : context.features.index_select(
+                      0, torch::tensor(step->rows, torch::kLong).to(context.features.device())));
   if (selector_ != nullptr) {  // the session declared one group per batch sentence
     const torch::Tensor sentence = context.sentence.to(torch::kCPU, torch::kLong).contiguous();
     const int64_t* s = sentence.data_ptr<int64_t>();
-    step->row_group.assign(s, s + sentence.numel());
+    step->row_group.reserve(step->rows.size());
+    for (const int64_t r : step->rows) step->row_group.push_back(static_cast<int32_t>(s[r]));
   }
   return step;
 }
@@ -283,6 +311,10 @@ absl::StatusOr<std::unique_ptr<KnnLogitsProcessor::PendingStep>> KnnLogitsProces
 void KnnLogitsProcessor::RunSearch(PendingStep& step) const {
   if (session_ == nullptr) {  // the batch's setup failed: Process returns its error
     step.neighbors = absl::FailedPreconditionError("the batch's retrieval session did not start");
+    return;
+  }
+  if (step.rows.empty()) {  // nothing to search: every row keeps p_MT
+    step.neighbors = Neighbors{.k = StepParams().k};
     return;
   }
   const absl::Time start = absl::Now();
@@ -316,8 +348,10 @@ absl::Status KnnLogitsProcessor::Process(decode::StepContext& context) {
   stats_.retrieval_time += searched - start;
   stats_.search_time += step->search_time;
   RETURN_IF_ERROR(step->neighbors.status());
-  RETURN_IF_ERROR(
-      InterpolateKnn(*step->neighbors, retriever_->info().metric, options_, context.log_probs));
+  if (!step->rows.empty()) {
+    RETURN_IF_ERROR(InterpolateKnn(*step->neighbors, step->rows, retriever_->info().metric,
+                                   options_, context.log_probs));
+  }
   stats_.interpolate_time += absl::Now() - searched;
   ++stats_.steps;
   stats_.query_rows += step->features.size(0);

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/decode/search.h"
 #include "client/knn/retriever.h"
 #include "client/knn/worker_thread.h"
@@ -58,6 +59,10 @@ absl::Status ValidateKnnOptions(const KnnOptions& options);
 // L2 distances and +d/τ for inner products. REQUIRES: valid options.
 absl::Status InterpolateKnn(const Neighbors& neighbors, Metric metric, const KnnOptions& options,
                             torch::Tensor& log_probs);
+// The same where the neighbours answer for some rows only: neighbours row i for log_probs row
+// rows[i] (distinct, in range); the other rows keep p_MT.
+absl::Status InterpolateKnn(const Neighbors& neighbors, absl::Span<const int64_t> rows,
+                            Metric metric, const KnnOptions& options, torch::Tensor& log_probs);
 
 // Picks the datastore sentences of subset kNN-MT for a batch.
 class SubsetSelector {
@@ -105,7 +110,7 @@ class KnnLogitsProcessor : public decode::LogitsProcessor {
   absl::Status BeginBatch(const torch::Tensor& src_tokens,
                           const model::EncoderOutput& encoder_out) override;
   // With overlap_search, starts the step's search with context.features (and, for subset
-  // kNN-MT, context.sentence).
+  // kNN-MT, context.sentence) of context.live_rows; the dead rows keep p_MT.
   absl::Status BeginStep(const decode::StepContext& context) override;
   // Waits for the search BeginStep started, or searches (on this thread) when none was
   // started, and interpolates context.log_probs in place.

@@ -154,6 +154,58 @@ TEST(SearchTest, LogitsProcessorSeesStepFeaturesAndRewritesScores) {
   }
 }
 
+// Records each step's live rows and, unless told not to, writes a large score for one token
+// into every dead row: a search must not read them.
+class DeadRowScribbler : public LogitsProcessor {
+ public:
+  explicit DeadRowScribbler(bool scribble) : scribble_(scribble) {}
+  absl::Status Process(StepContext& context) override {
+    live_rows_seen.push_back(context.live_rows);
+    if (!scribble_) return absl::OkStatus();
+    std::vector<bool> live(context.log_probs.size(0));
+    for (const int64_t r : context.live_rows) live[r] = true;
+    for (int64_t r = 0; r < context.log_probs.size(0); ++r) {
+      if (!live[r]) context.log_probs[r].fill_(-50.0f).index_fill_(0, torch::tensor({7}), 100.0f);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<int64_t>> live_rows_seen;
+
+ private:
+  const bool scribble_;
+};
+
+TEST(SearchTest, DeadRowsAreTheFirstStepsSpareBeamsAndNothingReadsThem) {
+  model::TransformerModel model = TinyModel();
+  const torch::Tensor src = RandomSources({6, 3, 8}, 40);
+  SearchOptions options;
+  options.beam_size = 4;
+  options.nbest = 4;
+  DeadRowScribbler plain(false), scribbling(true);
+  options.processor = &plain;
+  ASSERT_OK_AND_ASSIGN(auto expected, BeamSearch(model, src, options));
+  options.processor = &scribbling;
+  ASSERT_OK_AND_ASSIGN(auto got, BeamSearch(model, src, options));
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), expected[i].size());
+    for (size_t h = 0; h < got[i].size(); ++h) {
+      EXPECT_EQ(got[i][h].tokens, expected[i][h].tokens);
+      EXPECT_EQ(got[i][h].score, expected[i][h].score);
+    }
+  }
+  ASSERT_GE(plain.live_rows_seen.size(), 2u);
+  EXPECT_EQ(plain.live_rows_seen[0], (std::vector<int64_t>{0, 4, 8}));  // one row per sentence
+  EXPECT_EQ(plain.live_rows_seen[1].size(), 12u);                       // then every beam
+  // Greedy search has no dead rows.
+  options.beam_size = 1;
+  options.nbest = 1;
+  DeadRowScribbler greedy(false);
+  options.processor = &greedy;
+  ASSERT_OK(GreedySearch(model, src, options).status());
+  EXPECT_EQ(greedy.live_rows_seen[0], (std::vector<int64_t>{0, 1, 2}));
+}
+
 TEST(SearchTest, ProcessorErrorsStopTheSearch) {
   class Failing : public LogitsProcessor {
     absl::Status Process(StepContext&) override { return absl::UnavailableError("router down"); }

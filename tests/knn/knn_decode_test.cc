@@ -2,6 +2,7 @@
 // the test pairs themselves: embedded and remote (real shard and router servers on 127.0.0.1).
 #include <atomic>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -390,7 +391,45 @@ decode::StepContext RandomStep(int64_t rows, int64_t dim, int64_t vocab) {
   context.features = torch::randn({rows, dim});
   context.sentence = torch::zeros({rows}, torch::kLong);
   context.log_probs = torch::log_softmax(torch::randn({rows, vocab}), 1);
+  context.live_rows.resize(rows);
+  std::iota(context.live_rows.begin(), context.live_rows.end(), 0);
   return context;
+}
+
+TEST_F(KnnDecodeTest, OnlyLiveRowsAreSearchedAndDeadRowsKeepTheModel) {
+  auto local = Local(*flat_);
+  knn::KnnOptions options;
+  options.k = 4;
+  options.weight = 0.7;
+  const int64_t vocab = (*model_)->config().tgt_vocab_size;
+  const torch::Tensor src = SourceBatch(*pairs_);
+  const model::EncoderOutput encoder_out = (*model_)->Encode(src);
+  for (const bool overlap : {true, false}) {
+    options.overlap_search = overlap;
+    auto processor = MakeProcessor(local.get(), options);
+    auto every_row = MakeProcessor(local.get(), options);
+    ASSERT_OK(processor->BeginBatch(src, encoder_out));
+    ASSERT_OK(every_row->BeginBatch(src, encoder_out));
+    decode::StepContext step = RandomStep(6, local->info().dim, vocab);
+    const torch::Tensor model_log_probs = step.log_probs.clone();
+    decode::StepContext all = step;
+    all.log_probs = step.log_probs.clone();
+    step.live_rows = {0, 2, 5};
+    ASSERT_OK(processor->BeginStep(step));
+    ASSERT_OK(processor->Process(step));
+    ASSERT_OK(every_row->BeginStep(all));
+    ASSERT_OK(every_row->Process(all));
+    EXPECT_EQ(processor->stats().query_rows, 3);
+    // A live row as when every row is searched (up to the rounding of the distances, which
+    // depends on the number of rows searched together); a dead row as the model gave it.
+    for (int64_t r = 0; r < 6; ++r) {
+      const bool live = r == 0 || r == 2 || r == 5;
+      EXPECT_TRUE(live ? torch::allclose(step.log_probs[r], all.log_probs[r], 1e-5, 1e-5)
+                       : torch::equal(step.log_probs[r], model_log_probs[r]))
+          << "row " << r << (overlap ? " with" : " without") << " overlap";
+      EXPECT_FALSE(torch::equal(all.log_probs[r], model_log_probs[r])) << "row " << r;
+    }
+  }
 }
 
 TEST_F(KnnDecodeTest, StepSearchRunsWhileTheModelComputesLogProbs) {
