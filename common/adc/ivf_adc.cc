@@ -12,6 +12,7 @@
 #include "common/adc/two_stage.h"
 #include "common/heap.h"
 #include "common/omp_threads.h"
+#include "common/parallel_exceptions.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -291,6 +292,7 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
   const size_t lut_bytes = static_cast<size_t>(codebook_.m) * kLutSize * sizeof(float);
   const int together = static_cast<int>(
       std::clamp<size_t>(kRowsTogetherLutBytes / lut_bytes, kTableRows, kMostRowsTogether));
+  ParallelExceptions exceptions;
 #pragma omp parallel if (queries.rows > 1)
   {
     thread_local Scratch scratch;
@@ -298,12 +300,15 @@ absl::StatusOr<Neighbors> IvfAdc::Search(MatrixView<const float> queries,
     // same lists.
     const int threads = omp_get_num_threads();
     const int thread = omp_get_thread_num();
-    const int64_t end = queries.rows * (thread + 1) / threads;
-    for (int64_t first = queries.rows * thread / threads; first < end; first += together) {
-      const int num = static_cast<int>(std::min<int64_t>(together, end - first));
-      SearchRows(queries, probes, first, num, k, scratch, out);
-    }
+    exceptions.Run([&] {
+      const int64_t end = queries.rows * (thread + 1) / threads;
+      for (int64_t first = queries.rows * thread / threads; first < end; first += together) {
+        const int num = static_cast<int>(std::min<int64_t>(together, end - first));
+        SearchRows(queries, probes, first, num, k, scratch, out);
+      }
+    });
   }
+  RETURN_IF_ERROR(exceptions.ToStatus("IVF ADC search"));
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/adc/two_stage.h"
 #include "common/omp_threads.h"
+#include "common/parallel_exceptions.h"
 #include "common/status_macros.h"
 
 namespace knnserve {
@@ -247,6 +248,7 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
   result.neighbors = Neighbors::Missing(queries.rows, k, metric_, /*with_values=*/false);
   int64_t scanned = 0;
   const ScopedOmpThreads scoped_threads(options_.threads);
+  ParallelExceptions exceptions;
 #pragma omp parallel reduction(+ : scanned) if (active.size() > 1)
   {
     // Per thread and kept between calls: the tables alone are hundreds of KiB, and allocating
@@ -254,13 +256,17 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
     thread_local Scratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (size_t a = 0; a < active.size(); ++a) {
-      const int32_t g = active[a];
-      scanned += IsQuantized(options_.kernel)
-                     ? SearchGroupQuantized(queries, groups[g], group_rows[g], k, scratch,
-                                            result.neighbors)
-                     : SearchGroup(queries, groups[g], group_rows[g], k, scratch, result.neighbors);
+      exceptions.Run([&] {
+        const int32_t g = active[a];
+        scanned +=
+            IsQuantized(options_.kernel)
+                ? SearchGroupQuantized(queries, groups[g], group_rows[g], k, scratch,
+                                       result.neighbors)
+                : SearchGroup(queries, groups[g], group_rows[g], k, scratch, result.neighbors);
+      });
     }
   }
+  RETURN_IF_ERROR(exceptions.ToStatus("subset ADC search"));
   result.vectors_scanned = scanned;
   return result;
 }

@@ -17,6 +17,7 @@
 #include "common/check.h"
 #include "common/heap.h"
 #include "common/omp_threads.h"
+#include "common/parallel_exceptions.h"
 #include "common/status_macros.h"
 #include "faiss/IndexFlat.h"
 #include "faiss/IndexHNSW.h"
@@ -402,18 +403,24 @@ void ProductL2Search(const faiss::IndexFlat& flat, const std::vector<float>& nor
                 static_cast<int>(total), static_cast<int>(d), 1.0f, x, static_cast<int>(d),
                 flat.get_xb(), static_cast<int>(d), 0.0f, all, static_cast<int>(total));
   }
+  ParallelExceptions exceptions;  // rethrown after the region, for Guard to convert
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
   for (int64_t q = 0; q < n; ++q) {
-    float* row = all + q * total;
-    const float query_norm = faiss::fvec_norm_L2sqr(x + q * d, d);
-    for (int64_t j = 0; j < total; ++j) row[j] = std::max(0.0f, query_norm + norms[j] - 2 * row[j]);
-    thread_local std::vector<Scored> nearest;
-    SelectNearest(row, total, kept, nearest);
-    for (int64_t j = 0; j < k; ++j) {
-      distances[q * k + j] = j < kept ? nearest[j].first : std::numeric_limits<float>::infinity();
-      labels[q * k + j] = j < kept ? nearest[j].second : -1;
-    }
+    exceptions.Run([&] {
+      float* row = all + q * total;
+      const float query_norm = faiss::fvec_norm_L2sqr(x + q * d, d);
+      for (int64_t j = 0; j < total; ++j) {
+        row[j] = std::max(0.0f, query_norm + norms[j] - 2 * row[j]);
+      }
+      thread_local std::vector<Scored> nearest;
+      SelectNearest(row, total, kept, nearest);
+      for (int64_t j = 0; j < k; ++j) {
+        distances[q * k + j] = j < kept ? nearest[j].first : std::numeric_limits<float>::infinity();
+        labels[q * k + j] = j < kept ? nearest[j].second : -1;
+      }
+    });
   }
+  exceptions.RethrowFirst();
 }
 
 // The k nearest of n queries in an exact L2 Flat index by squared L2, as IndexFlat::search
