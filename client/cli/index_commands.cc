@@ -1,5 +1,6 @@
-// `knnserve index build|search|info`: build a sharded index directory from a datastore's HDF5
-// files, query it ad hoc, print its manifest. Torch-free: only the index layer (common/).
+// `knnserve index build|add|search|info`: build a sharded index directory from a datastore's
+// HDF5 files, grow it by new shards, query it ad hoc, print its manifest. Torch-free: only the
+// index layer (common/).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -40,35 +41,64 @@ struct BuildFlags {
   IndexBuildOptions options;
 };
 
-void RunBuild(BuildFlags& f) {
-  f.options.metric = ParseMetric(f.metric);
-  std::unique_ptr<Hdf5KeySource> keys = ValueOrExit(Hdf5KeySource::Open(f.keys));
-  std::unique_ptr<Hdf5ValueSource> values;  // streamed: only the offsets stay in memory
-  if (!f.values.empty()) {
-    values = ValueOrExit(Hdf5ValueSource::Open(f.values));
-    if (values->num_tokens() != keys->rows()) {
-      ExitOnError(absl::InvalidArgumentError(
-          absl::StrCat(f.values, " holds ", values->num_tokens(), " target tokens, ", f.keys,
-                       " holds ", keys->rows(),
-                       " keys: a key per token is needed (sentence keys "
-                       "given for token keys?)")));
-    }
-    // Equal token counts do not make them the keys' values: the same corpus tokenized twice
-    // differently, or shuffled, has as many tokens in another order.
-    if (!keys->values_sha256().empty()) {
-      const FileDigest digest = ValueOrExit(DigestFile(f.values));
-      if (digest.sha256 != keys->values_sha256()) {
-        ExitOnError(absl::FailedPreconditionError(absl::StrCat(
-            f.keys, " was computed from a values.h5 of sha256 ", keys->values_sha256(), "; ",
-            f.values, " has sha256 ", digest.sha256, ": the neighbours would get other tokens")));
-      }
+// A datastore's keys and, when `values_path` is set, its values (streamed: only the offsets
+// stay in memory), checked to belong together.
+struct KeysAndValues {
+  std::unique_ptr<Hdf5KeySource> keys;
+  std::unique_ptr<Hdf5ValueSource> values;
+};
+
+KeysAndValues OpenKeysAndValues(const std::string& keys_path, const std::string& values_path) {
+  KeysAndValues in;
+  in.keys = ValueOrExit(Hdf5KeySource::Open(keys_path));
+  if (values_path.empty()) return in;
+  in.values = ValueOrExit(Hdf5ValueSource::Open(values_path));
+  if (in.values->num_tokens() != in.keys->rows()) {
+    ExitOnError(absl::InvalidArgumentError(
+        absl::StrCat(values_path, " holds ", in.values->num_tokens(), " target tokens, ", keys_path,
+                     " holds ", in.keys->rows(),
+                     " keys: a key per token is needed (sentence keys "
+                     "given for token keys?)")));
+  }
+  // Equal token counts do not make them the keys' values: the same corpus tokenized twice
+  // differently, or shuffled, has as many tokens in another order.
+  if (!in.keys->values_sha256().empty()) {
+    const FileDigest digest = ValueOrExit(DigestFile(values_path));
+    if (digest.sha256 != in.keys->values_sha256()) {
+      ExitOnError(absl::FailedPreconditionError(absl::StrCat(
+          keys_path, " was computed from a values.h5 of sha256 ", in.keys->values_sha256(), "; ",
+          values_path, " has sha256 ", digest.sha256, ": the neighbours would get other tokens")));
     }
   }
+  return in;
+}
+
+void RunBuild(BuildFlags& f) {
+  f.options.metric = ParseMetric(f.metric);
+  const KeysAndValues in = OpenKeysAndValues(f.keys, f.values);
   std::fprintf(stderr, "index build: %lld keys of dimension %d (%s) -> %s, \"%s\", %d shards\n",
-               static_cast<long long>(keys->rows()), keys->dim(),
-               keys->is_fp16() ? "float16" : "float32", f.out.c_str(), f.options.factory.c_str(),
+               static_cast<long long>(in.keys->rows()), in.keys->dim(),
+               in.keys->is_fp16() ? "float16" : "float32", f.out.c_str(), f.options.factory.c_str(),
                f.options.shards);
-  const IndexManifest manifest = ValueOrExit(BuildIndex(*keys, values.get(), f.options, f.out));
+  const IndexManifest manifest =
+      ValueOrExit(BuildIndex(*in.keys, in.values.get(), f.options, f.out));
+  std::printf("%s", manifest.ToJson().c_str());
+}
+
+struct AddFlags {
+  std::string dir;
+  std::string keys;
+  std::string values;
+  IndexAddOptions options;
+};
+
+void RunAdd(const AddFlags& f) {
+  const KeysAndValues in = OpenKeysAndValues(f.keys, f.values);
+  std::fprintf(stderr, "index add: %s (%lld keys of dimension %d) -> %s, %d new shards\n",
+               f.keys.c_str(), static_cast<long long>(in.keys->rows()), in.keys->dim(),
+               f.dir.c_str(), f.options.shards);
+  const IndexManifest manifest =
+      ValueOrExit(AddToIndex(*in.keys, in.values.get(), f.options, f.dir));
   std::printf("%s", manifest.ToJson().c_str());
 }
 
@@ -222,6 +252,26 @@ void RegisterIndexCommands(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)  // a uint64: "-1" would wrap to 2^64 - 1
       ->capture_default_str();
   b->callback([build] { RunBuild(*build); });
+
+  auto add = std::make_shared<AddFlags>();
+  CLI::App* a = index->add_subcommand(
+      "add", "Add the rows appended to a datastore's keys.h5 to its index, as new shards");
+  a->add_option("dir", add->dir, "index directory (knnserve index build --out)")->required();
+  a->add_option("--keys", add->keys,
+                "keys.h5 whose first rows are the index's; the rows after them are added")
+      ->required();
+  a->add_option("--values", add->values,
+                "values.h5 grown likewise (required when the index carries values)");
+  a->add_option("--shards", add->options.shards, "new shards (contiguous id ranges)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  a->add_option("--threads", add->options.threads, "OpenMP threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  a->add_option("--chunk-rows", add->options.chunk_rows, "rows read and added per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  a->callback([add] { RunAdd(*add); });
 
   auto search = std::make_shared<SearchFlags>();
   CLI::App* s = index->add_subcommand("search", "Query an index directory with rows of an HDF5");

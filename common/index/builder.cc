@@ -36,60 +36,70 @@ struct ShardRange {
   int64_t id_begin, id_end, sentence_begin, sentence_end;
 };
 
-absl::Status CheckOptions(const KeySource& keys, const ValueSource* values,
-                          const IndexBuildOptions& o) {
-  if (o.shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards = ", o.shards));
-  if (o.threads < 1) return absl::InvalidArgumentError(absl::StrCat("threads = ", o.threads));
-  if (o.chunk_rows < 1 || o.train_size < 1) {
-    return absl::InvalidArgumentError("chunk_rows and train_size must be positive");
-  }
-  if (keys.rows() < o.shards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(keys.rows(), " keys cannot fill ", o.shards, " shards"));
+// `rows` rows (in `sentences` sentences, or -1 without values) split into `shards` shards.
+absl::Status CheckSplit(int64_t rows, int64_t sentences, int shards) {
+  if (shards < 1) return absl::InvalidArgumentError(absl::StrCat("shards = ", shards));
+  if (rows < shards) {
+    return absl::InvalidArgumentError(absl::StrCat(rows, " keys cannot fill ", shards, " shards"));
   }
   // Shards number their vectors with 32-bit local ids (global id = shard base + local): a
   // larger shard could be built, after hours, but never served.
   constexpr int64_t kMostPerShard = (int64_t{1} << 32) - (int64_t{1} << 24);  // room for boundaries
-  if ((keys.rows() + o.shards - 1) / o.shards > kMostPerShard) {
+  if ((rows + shards - 1) / shards > kMostPerShard) {
     return absl::InvalidArgumentError(absl::StrCat(
-        keys.rows(), " keys in ", o.shards, " shards: a shard holds fewer than 2^32 vectors; use ",
-        "at least ", (keys.rows() + kMostPerShard - 1) / kMostPerShard, " shards"));
+        rows, " keys in ", shards, " shards: a shard holds fewer than 2^32 vectors; use ",
+        "at least ", (rows + kMostPerShard - 1) / kMostPerShard, " shards"));
   }
-  if (values != nullptr) {
-    RETURN_IF_ERROR(
-        ValidateOffsets(values->offsets(), values->num_tokens(), "/offsets", "/tokens"));
-    if (values->num_tokens() != keys.rows()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "values hold ", values->num_tokens(), " tokens but keys hold ", keys.rows(), " rows"));
-    }
-    if (values->num_sentences() < o.shards) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(values->num_sentences(), " sentences cannot fill ", o.shards, " shards"));
-    }
+  if (sentences >= 0 && sentences < shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(sentences, " sentences cannot fill ", shards, " shards"));
   }
   return absl::OkStatus();
 }
 
-// Equal-sized id ranges; with values, each boundary moves to the nearest sentence boundary
-// (keeping every shard at least one sentence).
-std::vector<ShardRange> SplitShards(int64_t rows, int shards, const ValueSource* values) {
+// Valid offsets and a value per key.
+absl::Status CheckValues(const KeySource& keys, const ValueSource& values) {
+  RETURN_IF_ERROR(ValidateOffsets(values.offsets(), values.num_tokens(), "/offsets", "/tokens"));
+  if (values.num_tokens() != keys.rows()) {
+    return absl::InvalidArgumentError(absl::StrCat("values hold ", values.num_tokens(),
+                                                   " tokens but keys hold ", keys.rows(), " rows"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const KeySource& keys, const ValueSource* values,
+                          const IndexBuildOptions& o) {
+  if (o.threads < 1) return absl::InvalidArgumentError(absl::StrCat("threads = ", o.threads));
+  if (o.chunk_rows < 1 || o.train_size < 1) {
+    return absl::InvalidArgumentError("chunk_rows and train_size must be positive");
+  }
+  if (values != nullptr) RETURN_IF_ERROR(CheckValues(keys, *values));
+  return CheckSplit(keys.rows(), values != nullptr ? values->num_sentences() : -1, o.shards);
+}
+
+// `whole` split into `shards` equal-sized id ranges; with values, each boundary moves to the
+// nearest sentence boundary (keeping every shard at least one sentence).
+std::vector<ShardRange> SplitShards(const ShardRange& whole, int shards,
+                                    const ValueSource* values) {
   std::vector<ShardRange> out(shards);
+  const int64_t rows = whole.id_end - whole.id_begin;
   if (values == nullptr) {
     for (int s = 0; s < shards; ++s) {
-      out[s] = {rows * s / shards, rows * (s + 1) / shards, 0, 0};
+      out[s] = {whole.id_begin + rows * s / shards, whole.id_begin + rows * (s + 1) / shards, 0, 0};
     }
     return out;
   }
   const absl::Span<const int64_t> offsets = values->offsets();
-  const int64_t sentences = values->num_sentences();
   std::vector<int64_t> cut(shards + 1);
-  cut[0] = 0;
-  cut[shards] = sentences;
+  cut[0] = whole.sentence_begin;
+  cut[shards] = whole.sentence_end;
   for (int s = 1; s < shards; ++s) {
-    const int64_t target = rows * s / shards;
-    int64_t j = std::lower_bound(offsets.begin(), offsets.end(), target) - offsets.begin();
-    if (j > 0 && target - offsets[j - 1] < offsets[j] - target) --j;
-    cut[s] = std::clamp<int64_t>(j, cut[s - 1] + 1, sentences - (shards - s));
+    const int64_t target = whole.id_begin + rows * s / shards;
+    int64_t j = std::lower_bound(offsets.begin() + whole.sentence_begin,
+                                 offsets.begin() + whole.sentence_end + 1, target) -
+                offsets.begin();
+    if (j > whole.sentence_begin && target - offsets[j - 1] < offsets[j] - target) --j;
+    cut[s] = std::clamp<int64_t>(j, cut[s - 1] + 1, whole.sentence_end - (shards - s));
   }
   for (int s = 0; s < shards; ++s) {
     out[s] = {offsets[cut[s]], offsets[cut[s + 1]], cut[s], cut[s + 1]};
@@ -132,19 +142,44 @@ std::string ShardFile(int shard, absl::string_view ext) {
   return absl::StrFormat("shard-%05d.%s", shard, ext);
 }
 
-// The shard's values file, read and written chunk_rows tokens at a time: not even one shard's
-// tokens are held whole.
-absl::StatusOr<FileDigest> WriteShardValues(const ValueSource& values, const ShardRange& r,
-                                            int64_t chunk_rows, const std::string& path) {
-  ASSIGN_OR_RETURN(const std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path));
-  RETURN_IF_ERROR(out->Append(ValuesHeader(r.id_end - r.id_begin)));
+// Passes the bytes of the values file of shard range `r` to append(data, size) (a Status):
+// ValuesHeader, then its tokens read chunk_rows at a time, so not even one shard's tokens are
+// held whole.
+template <typename Append>
+absl::Status StreamShardValues(const ValueSource& values, const ShardRange& r, int64_t chunk_rows,
+                               Append append) {
+  const std::string header = ValuesHeader(r.id_end - r.id_begin);
+  RETURN_IF_ERROR(append(header.data(), header.size()));
   std::vector<int32_t> chunk(std::min(chunk_rows, r.id_end - r.id_begin));
   for (int64_t begin = r.id_begin; begin < r.id_end; begin += chunk_rows) {
     const int64_t end = std::min(r.id_end, begin + chunk_rows);
     RETURN_IF_ERROR(values.Read(begin, end, chunk.data()));
-    RETURN_IF_ERROR(out->Append(chunk.data(), (end - begin) * sizeof(int32_t)));
+    RETURN_IF_ERROR(append(chunk.data(), (end - begin) * sizeof(int32_t)));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FileDigest> WriteShardValues(const ValueSource& values, const ShardRange& r,
+                                            int64_t chunk_rows, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path));
+  RETURN_IF_ERROR(StreamShardValues(values, r, chunk_rows, [&](const void* data, size_t size) {
+    return out->Append(data, size);
+  }));
   return out->Commit();
+}
+
+// The digest the values file of shard range `r` would have, written from `values`.
+absl::StatusOr<FileDigest> ShardValuesDigest(const ValueSource& values, const ShardRange& r,
+                                             int64_t chunk_rows) {
+  Sha256 sha;
+  FileDigest digest;
+  RETURN_IF_ERROR(StreamShardValues(values, r, chunk_rows, [&](const void* data, size_t size) {
+    sha.Update(data, size);
+    digest.bytes += static_cast<int64_t>(size);
+    return absl::OkStatus();
+  }));
+  digest.sha256 = sha.HexDigest();
+  return digest;
 }
 
 // The files of one build, written under staged names (TemporaryPath: what a killed build
@@ -198,6 +233,51 @@ absl::Status CheckIndexFactory(const IndexBuildOptions& options, int dim) {
 
 namespace {
 
+// Shard number `shard` of rows `r`: a copy of `trained` holding those keys, their values (when
+// `values` is set) and their subset codes (when `quantizer` is set), written as staged files.
+absl::StatusOr<ShardManifest> WriteShard(const FaissIndex& trained,
+                                         const SubsetQuantizer* quantizer, const KeySource& keys,
+                                         const ValueSource* values, const ShardRange& r, int shard,
+                                         int64_t chunk_rows, StagedFiles& staged,
+                                         ProgressBar& bar) {
+  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index, trained.CloneEmpty());
+  ShardManifest entry{r.id_begin, r.id_end, r.sentence_begin, r.sentence_end, {}, {}, {}};
+  // The subset codes go to their file as they are encoded: a shard's codes are as large as
+  // its index's, and are never needed whole.
+  std::unique_ptr<AtomicFileWriter> codes_out;
+  if (quantizer != nullptr) {
+    std::vector<int64_t> offsets(values->offsets().begin() + r.sentence_begin,
+                                 values->offsets().begin() + r.sentence_end + 1);
+    for (int64_t& o : offsets) o -= r.id_begin;
+    entry.subset_codes = ManifestFile{ShardFile(shard, "subset"), {}};
+    ASSIGN_OR_RETURN(codes_out, AtomicFileWriter::Create(staged.Add(entry.subset_codes->file)));
+    RETURN_IF_ERROR(codes_out->Append(SubsetCodesHeader(quantizer->codebook().m, offsets)));
+  }
+  Matrix<float> chunk(std::min(chunk_rows, r.id_end - r.id_begin), keys.dim());
+  for (int64_t begin = r.id_begin; begin < r.id_end; begin += chunk_rows) {
+    const int64_t end = std::min(r.id_end, begin + chunk_rows);
+    const MatrixView<const float> rows{chunk.data(), end - begin, keys.dim()};
+    RETURN_IF_ERROR(keys.Read(begin, end, chunk.data()));
+    RETURN_IF_ERROR(index->Add(rows));
+    if (codes_out != nullptr) {
+      ASSIGN_OR_RETURN(Matrix<uint8_t> c, quantizer->Encode(rows));
+      RETURN_IF_ERROR(codes_out->Append(c.data(), c.size()));
+    }
+    bar.Add(end - begin);
+  }
+  entry.index.file = ShardFile(shard, "faiss");
+  ASSIGN_OR_RETURN(entry.index.digest, index->Save(staged.Add(entry.index.file)));
+  if (values != nullptr) {
+    const std::string file = ShardFile(shard, "values");
+    ASSIGN_OR_RETURN(FileDigest digest, WriteShardValues(*values, r, chunk_rows, staged.Add(file)));
+    entry.values = ManifestFile{file, digest};
+  }
+  if (codes_out != nullptr) {
+    ASSIGN_OR_RETURN(entry.subset_codes->digest, codes_out->Commit());
+  }
+  return entry;
+}
+
 // BuildIndex's work, in a directory the caller has locked.
 absl::StatusOr<IndexManifest> WriteIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
@@ -233,45 +313,12 @@ absl::StatusOr<IndexManifest> WriteIndex(const KeySource& keys, const ValueSourc
   }
 
   ProgressBar bar("index add", keys.rows(), options.progress);
-  Matrix<float> chunk(std::min(options.chunk_rows, keys.rows()), keys.dim());
-  const std::vector<ShardRange> ranges = SplitShards(keys.rows(), options.shards, values);
+  const std::vector<ShardRange> ranges = SplitShards(
+      {0, keys.rows(), 0, values != nullptr ? values->num_sentences() : 0}, options.shards, values);
   for (int s = 0; s < options.shards; ++s) {
-    const ShardRange& r = ranges[s];
-    ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> shard, trained->CloneEmpty());
-    ShardManifest entry{r.id_begin, r.id_end, r.sentence_begin, r.sentence_end, {}, {}, {}};
-    // The subset codes go to their file as they are encoded: a shard's codes are as large as
-    // its index's, and are never needed whole.
-    std::unique_ptr<AtomicFileWriter> codes_out;
-    if (quantizer != nullptr) {
-      std::vector<int64_t> offsets(values->offsets().begin() + r.sentence_begin,
-                                   values->offsets().begin() + r.sentence_end + 1);
-      for (int64_t& o : offsets) o -= r.id_begin;
-      entry.subset_codes = ManifestFile{ShardFile(s, "subset"), {}};
-      ASSIGN_OR_RETURN(codes_out, AtomicFileWriter::Create(staged.Add(entry.subset_codes->file)));
-      RETURN_IF_ERROR(codes_out->Append(SubsetCodesHeader(quantizer->codebook().m, offsets)));
-    }
-    for (int64_t begin = r.id_begin; begin < r.id_end; begin += options.chunk_rows) {
-      const int64_t end = std::min(r.id_end, begin + options.chunk_rows);
-      const MatrixView<const float> rows{chunk.data(), end - begin, keys.dim()};
-      RETURN_IF_ERROR(keys.Read(begin, end, chunk.data()));
-      RETURN_IF_ERROR(shard->Add(rows));
-      if (codes_out != nullptr) {
-        ASSIGN_OR_RETURN(Matrix<uint8_t> c, quantizer->Encode(rows));
-        RETURN_IF_ERROR(codes_out->Append(c.data(), c.size()));
-      }
-      bar.Add(end - begin);
-    }
-    entry.index.file = ShardFile(s, "faiss");
-    ASSIGN_OR_RETURN(entry.index.digest, shard->Save(staged.Add(entry.index.file)));
-    if (values != nullptr) {
-      const std::string file = ShardFile(s, "values");
-      ASSIGN_OR_RETURN(FileDigest digest,
-                       WriteShardValues(*values, r, options.chunk_rows, staged.Add(file)));
-      entry.values = ManifestFile{file, digest};
-    }
-    if (codes_out != nullptr) {
-      ASSIGN_OR_RETURN(entry.subset_codes->digest, codes_out->Commit());
-    }
+    ASSIGN_OR_RETURN(ShardManifest entry,
+                     WriteShard(*trained, quantizer.get(), keys, values, ranges[s], s,
+                                options.chunk_rows, staged, bar));
     manifest.shards.push_back(std::move(entry));
   }
   bar.Finish();
@@ -302,6 +349,119 @@ absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSourc
   absl::StatusOr<IndexManifest> manifest = WriteIndex(keys, values, options, out_dir);
   if (!manifest.ok() && created) DirectoryLock::ReleaseAndRemoveIfEmpty(std::move(lock));
   return manifest;
+}
+
+namespace {
+
+// Whether `keys` and `values` extend the index of `manifest` by appending: its dimension, values
+// exactly when its shards have them, sentences that end where the index ends, and, shard by
+// shard, the very tokens its values files hold.
+absl::Status CheckExtends(const IndexManifest& manifest, const std::string& dir,
+                          const KeySource& keys, const ValueSource* values,
+                          const IndexAddOptions& o) {
+  if (o.threads < 1) return absl::InvalidArgumentError(absl::StrCat("threads = ", o.threads));
+  if (o.chunk_rows < 1) return absl::InvalidArgumentError("chunk_rows must be positive");
+  if (keys.dim() != manifest.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("keys of dimension ", keys.dim(),
+                                                   " for the index in ", dir, " of dimension ",
+                                                   manifest.dim));
+  }
+  if (keys.rows() <= manifest.total_vectors) {
+    return absl::InvalidArgumentError(absl::StrCat("nothing to add: the keys hold ", keys.rows(),
+                                                   " rows and the index in ", dir,
+                                                   " already holds ", manifest.total_vectors));
+  }
+  const bool has_values = manifest.shards.front().values.has_value();
+  if (has_values != (values != nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the index in ", dir,
+                     has_values ? " carries values: the added rows need theirs"
+                                : " carries no values: its new shards cannot either"));
+  }
+  if (values == nullptr) return CheckSplit(keys.rows() - manifest.total_vectors, -1, o.shards);
+  RETURN_IF_ERROR(CheckValues(keys, *values));
+  const absl::Span<const int64_t> offsets = values->offsets();
+  if (values->num_sentences() <= manifest.num_sentences ||
+      offsets[manifest.num_sentences] != manifest.total_vectors) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the values do not extend the index in ", dir, ": its ", manifest.num_sentences,
+        " sentences end at token ", manifest.total_vectors, ", the values' first ",
+        std::min(manifest.num_sentences, values->num_sentences()), " at token ",
+        offsets[std::min(manifest.num_sentences, values->num_sentences())]));
+  }
+  for (size_t s = 0; s < manifest.shards.size(); ++s) {
+    const ShardManifest& shard = manifest.shards[s];
+    ASSIGN_OR_RETURN(
+        const FileDigest digest,
+        ShardValuesDigest(*values, {shard.id_begin, shard.id_end, 0, 0}, o.chunk_rows));
+    if (digest.sha256 != shard.values->digest.sha256) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the values do not extend the index in ", dir, ": tokens [", shard.id_begin, ", ",
+          shard.id_end, ") differ from those of shard ", s, " (", shard.values->file, ")"));
+    }
+  }
+  return CheckSplit(keys.rows() - manifest.total_vectors,
+                    values->num_sentences() - manifest.num_sentences, o.shards);
+}
+
+// The trained state every shard shares, read from the smallest shard's file (verified).
+absl::StatusOr<std::unique_ptr<FaissIndex>> ReadTrained(const IndexManifest& manifest,
+                                                        const std::string& dir, int threads) {
+  const ShardManifest* smallest = &manifest.shards.front();
+  for (const ShardManifest& shard : manifest.shards) {
+    if (shard.index.digest.bytes < smallest->index.digest.bytes) smallest = &shard;
+  }
+  ASSIGN_OR_RETURN(const std::unique_ptr<VerifiedFileReader> in, OpenChecked(dir, smallest->index));
+  return FaissIndex::ReadTrainedEmpty(*in, threads);
+}
+
+// AddToIndex's work, in a directory the caller has locked.
+absl::StatusOr<IndexManifest> AppendShards(const KeySource& keys, const ValueSource* values,
+                                           const IndexAddOptions& options, const std::string& dir) {
+  ASSIGN_OR_RETURN(IndexManifest manifest, ReadManifest(dir));
+  RETURN_IF_ERROR(CheckExtends(manifest, dir, keys, values, options));
+  ASSIGN_OR_RETURN(const std::unique_ptr<FaissIndex> trained,
+                   ReadTrained(manifest, dir, options.threads));
+  std::unique_ptr<SubsetQuantizer> quantizer;
+  if (manifest.subset_quantizer) {
+    ASSIGN_OR_RETURN(const std::unique_ptr<VerifiedFileReader> in,
+                     OpenChecked(dir, *manifest.subset_quantizer));
+    ASSIGN_OR_RETURN(quantizer, SubsetQuantizer::Read(*in, options.threads));
+  }
+  StagedFiles staged(dir);
+  const ShardRange added{manifest.total_vectors, keys.rows(), manifest.num_sentences,
+                         values != nullptr ? values->num_sentences() : 0};
+  ProgressBar bar("index add", added.id_end - added.id_begin, options.progress);
+  const int first = static_cast<int>(manifest.shards.size());
+  const std::vector<ShardRange> ranges = SplitShards(added, options.shards, values);
+  for (int s = 0; s < options.shards; ++s) {
+    ASSIGN_OR_RETURN(ShardManifest entry,
+                     WriteShard(*trained, quantizer.get(), keys, values, ranges[s], first + s,
+                                options.chunk_rows, staged, bar));
+    manifest.shards.push_back(std::move(entry));
+  }
+  bar.Finish();
+  manifest.total_vectors = added.id_end;
+  manifest.num_sentences = added.sentence_end;
+  // The new shards' files are named by numbers no shard has yet, so the index stays whole while
+  // they are renamed into place; it has them from the moment its manifest is replaced.
+  RETURN_IF_ERROR(staged.Publish());
+  RETURN_IF_ERROR(WriteManifest(dir, manifest).status());
+  return manifest;
+}
+
+}  // namespace
+
+absl::StatusOr<IndexManifest> AddToIndex(const KeySource& keys, const ValueSource* values,
+                                         const IndexAddOptions& options, const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / kManifestFileName, ec)) {
+    return absl::NotFoundError(absl::StrCat("no index in ", dir, " (", kManifestFileName,
+                                            " is missing): build one first"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DirectoryLock> lock, DirectoryLock::Acquire(dir));
+  lock->RemoveDebris(DirectoryLock::DebrisScope::kDirectory);
+  return AppendShards(keys, values, options, dir);
 }
 
 }  // namespace knnserve

@@ -2,7 +2,8 @@
 // global id ranges (at sentence boundaries when values are given, so each shard's tokens are
 // exactly the tokens of its sentences), every shard a copy of the one trained index, and write
 // the index directory: one faiss file per shard, its values and subset codes, the subset
-// quantizer, and the manifest last. All files are written atomically.
+// quantizer, and the manifest last. All files are written atomically. An index grows by new
+// shards of the rows appended to its datastore (AddToIndex).
 #ifndef KNNSERVE_COMMON_INDEX_BUILDER_H_
 #define KNNSERVE_COMMON_INDEX_BUILDER_H_
 
@@ -55,6 +56,34 @@ void RemoveIndex(const std::string& dir);
 absl::StatusOr<IndexManifest> BuildIndex(const KeySource& keys, const ValueSource* values,
                                          const IndexBuildOptions& options,
                                          const std::string& out_dir);
+
+struct IndexAddOptions {
+  int shards = 1;              // new shards the added rows are split into
+  int threads = 1;             // OpenMP threads for adding and encoding
+  int64_t chunk_rows = 65536;  // keys read and added per step
+  ProgressBar::Options progress;
+};
+
+// Grows the index in `dir` by the rows of `keys` it does not hold yet, [total_vectors,
+// keys.rows()) of its manifest: they become `options.shards` new shards after the last one
+// (contiguous id ranges; at sentence boundaries with values), each a copy of the trained state
+// the index's shards share (FaissIndex::ReadTrainedEmpty of its smallest shard file) holding its
+// rows, their values and, if the index has them, their subset codes (encoded by the index's
+// subset quantizer). Nothing is trained, so the old and new shards' answers merge as one index's
+// would. The shards already there are neither rewritten nor renumbered.
+//
+// `keys` and `values` are the index's datastore grown by appending: `values` is required
+// exactly when the index carries values (INVALID_ARGUMENT otherwise); its first num_sentences
+// sentences must end where the index ends and hold, shard by shard, the tokens of each shard's
+// values file (compared by SHA-256), else FAILED_PRECONDITION naming the shard. The keys of the
+// rows already indexed are not read again. NOT_FOUND when `dir` holds no index.
+//
+// The new files get numbers no shard has and the manifest is replaced last, atomically: until
+// then the index is the one it was, and a failed add leaves it so (its staged files removed).
+// Holds `dir`'s DirectoryLock. Memory: the smallest shard's index while it is read, then as
+// BuildIndex for the new shards.
+absl::StatusOr<IndexManifest> AddToIndex(const KeySource& keys, const ValueSource* values,
+                                         const IndexAddOptions& options, const std::string& dir);
 
 }  // namespace knnserve
 

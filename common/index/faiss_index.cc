@@ -495,6 +495,18 @@ absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::Read(ByteReader& in, int
   return ReadIndex(in, threads, /*io_flags=*/0);
 }
 
+absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::ReadTrainedEmpty(ByteReader& in,
+                                                                         int threads) {
+  ASSIGN_OR_RETURN(std::unique_ptr<FaissIndex> index,
+                   ReadIndex(in, threads, faiss::IO_FLAG_SKIP_PRECOMPUTE_TABLE));
+  if (!index->is_trained()) {
+    return absl::FailedPreconditionError(absl::StrCat(in.name(), ": the index is not trained"));
+  }
+  // reset() empties the inverted lists (or the stored vectors) and keeps what training made.
+  RETURN_IF_ERROR(Guard(absl::StrCat("reset ", in.name()), 1, [&] { index->index_->reset(); }));
+  return index;
+}
+
 absl::StatusOr<std::unique_ptr<FaissIndex>> FaissIndex::LoadForServing(ByteReader& in, int threads,
                                                                        AdcKernel kernel) {
   // faiss computes an IVF-PQ index's table of nlist x m x 256 floats while reading it (up to 2

@@ -39,6 +39,10 @@ class FaissIndex : public SearchIndex {
   // Parses an index in faiss's write_index format (a Save()d file) that fills `in` exactly; errors
   // name `in`.
   static absl::StatusOr<std::unique_ptr<FaissIndex>> Read(ByteReader& in, int threads);
+  // As Read, with the vectors dropped: the trained state (transform, coarse quantizer, PQ
+  // codebooks) of a Save()d index, holding no vectors. Adding shards to an index directory
+  // starts each new shard from one. FAILED_PRECONDITION naming `in` when it is not trained.
+  static absl::StatusOr<std::unique_ptr<FaissIndex>> ReadTrainedEmpty(ByteReader& in, int threads);
   // Read + PrepareForServing(kernel), holding the index about once meanwhile: faiss's lists
   // become IvfAdc's packed lists (or CompactIds' lists) one list at a time, and faiss's
   // precomputed IVF-PQ table is computed only if faiss itself will scan the lists.

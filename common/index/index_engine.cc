@@ -16,12 +16,6 @@
 namespace knnserve {
 namespace {
 
-// The manifest's file `f` of `dir`, checked against its size and digest before it is read.
-absl::StatusOr<std::unique_ptr<VerifiedFileReader>> OpenChecked(const std::string& dir,
-                                                                const ManifestFile& f) {
-  return VerifiedFileReader::Open(absl::StrCat(dir, "/", f.file), f.digest);
-}
-
 absl::Status CheckQuery(const EngineInfo& info, const SearchQuery& query) {
   if (query.queries.cols() != info.dim) {
     return absl::InvalidArgumentError(absl::StrCat("queries have dimension ", query.queries.cols(),

@@ -170,6 +170,11 @@ absl::StatusOr<IndexManifest> IndexManifest::FromJson(const std::string& text,
   return m;
 }
 
+absl::StatusOr<std::unique_ptr<VerifiedFileReader>> OpenChecked(const std::string& dir,
+                                                                const ManifestFile& f) {
+  return VerifiedFileReader::Open(absl::StrCat(dir, "/", f.file), f.digest);
+}
+
 absl::StatusOr<IndexManifest> ReadManifest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kManifestFileName);
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));

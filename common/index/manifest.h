@@ -10,6 +10,7 @@
 #define KNNSERVE_COMMON_INDEX_MANIFEST_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ struct IndexManifest {
 };
 
 absl::StatusOr<IndexManifest> ReadManifest(const std::string& dir);
+// The manifest's file `f` of `dir`, checked against its size and digest before it is read.
+absl::StatusOr<std::unique_ptr<VerifiedFileReader>> OpenChecked(const std::string& dir,
+                                                                const ManifestFile& f);
 absl::StatusOr<FileDigest> WriteManifest(const std::string& dir, const IndexManifest& manifest);
 
 }  // namespace knnserve

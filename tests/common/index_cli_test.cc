@@ -1,4 +1,4 @@
-// `knnserve index build|search|info` (client/cli/index_commands.cc, Torch-free) driven through
+// `knnserve index build|add|search|info` (client/cli/index_commands.cc, Torch-free) driven through
 // CLI11 as the knnserve tool does.
 #include <filesystem>
 #include <string>
@@ -79,6 +79,45 @@ TEST(IndexCli, BuildInfoSearchRoundTrip) {
                  CLI::RuntimeError)
         << bad;
   }
+}
+
+// `index add` turns the rows appended to a datastore's files into new shards: the manifest then
+// lists them after the old ones, and a search finds an added key (its own nearest neighbour).
+TEST(IndexCli, AddGrowsTheIndexByShardsOfTheAppendedRows) {
+  const std::string dir = testing::FreshTempDir("cli_add").string();
+  const testing::Datastore ds = testing::MakeDatastore(600, 8, 5, 10);
+  const int64_t old_sentences = ds.values.num_sentences() / 2;
+  const int64_t old_rows = ds.values.offsets[old_sentences];
+  DatastoreValues old_values;
+  old_values.offsets.assign(ds.values.offsets.begin(),
+                            ds.values.offsets.begin() + old_sentences + 1);
+  old_values.tokens.assign(ds.values.tokens.begin(), ds.values.tokens.begin() + old_rows);
+  ASSERT_THAT(WriteKeysHdf5(dir + "/old-keys.h5", {ds.keys.data(), old_rows, ds.keys.cols()},
+                            /*fp16=*/false),
+              IsOk());
+  ASSERT_THAT(WriteValuesHdf5(dir + "/old-values.h5", old_values), IsOk());
+  ASSERT_THAT(WriteKeysHdf5(dir + "/keys.h5", ds.keys.view(), /*fp16=*/false), IsOk());
+  ASSERT_THAT(WriteValuesHdf5(dir + "/values.h5", ds.values), IsOk());
+  RunCli({"index", "build", "--keys", dir + "/old-keys.h5", "--values", dir + "/old-values.h5",
+          "--factory", "Flat", "--shards", "2", "--out", dir + "/index", "--subset-m", "4"});
+
+  const std::vector<std::string> add = {
+      "index",    "add", dir + "/index", "--keys", dir + "/keys.h5", "--values", dir + "/values.h5",
+      "--shards", "1"};
+  const std::string grown = RunCli(add);
+  EXPECT_THAT(grown, HasSubstr("\"total_vectors\": 600"));
+  EXPECT_THAT(grown, HasSubstr("shard-00002.subset"));
+  EXPECT_EQ(RunCli({"index", "info", dir + "/index"}), grown);
+  EXPECT_THROW(RunCli(add), CLI::RuntimeError);  // nothing left to add
+  EXPECT_THROW(RunCli({"index", "add", dir + "/index", "--keys", dir + "/keys.h5"}),
+               CLI::RuntimeError);  // the index carries values
+
+  const std::string last_row = dir + "/last.h5";
+  ASSERT_THAT(WriteKeysHdf5(last_row, {ds.keys.row(599), 1, ds.keys.cols()}, /*fp16=*/false),
+              IsOk());
+  const std::string found =
+      RunCli({"index", "search", dir + "/index", "--queries", last_row, "--k", "1"});
+  EXPECT_THAT(found, HasSubstr("query 0\n  0 599 " + std::to_string(ds.values.tokens[599]) + " "));
 }
 
 // Search flags the search would not use are refused, not ignored: --nprobe of an index without

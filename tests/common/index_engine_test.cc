@@ -14,6 +14,8 @@
 #include "common/files.h"
 #include "common/index/builder.h"
 #include "common/index/faiss_index.h"
+#include "common/index/manifest.h"
+#include "common/index/shard_data.h"
 #include "common/index/subset_device.h"
 #include "common/status_macros.h"
 #include "common/status_matchers.h"
@@ -642,6 +644,95 @@ TEST(IndexEngine, SubsetSearchNeedsSubsetCodes) {
   const Matrix<float> q = MakeQueries(Data().keys, 2, 17);
   EXPECT_THAT(engine->Search(testing::SubsetQuery(q, 4, Data().values.num_sentences(), 5, 1, 1)),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("subset")));
+}
+
+// The datastore before it grew: the first `sentences` sentences of Data().
+struct GrownFrom {
+  MatrixView<const float> keys;
+  DatastoreValues values;
+};
+
+GrownFrom FirstSentences(int64_t sentences) {
+  const DatastoreValues& all = Data().values;
+  GrownFrom part{{Data().keys.data(), all.offsets[sentences], kDim}, {}};
+  part.values.offsets.assign(all.offsets.begin(), all.offsets.begin() + sentences + 1);
+  part.values.tokens.assign(all.tokens.begin(), all.tokens.begin() + all.offsets[sentences]);
+  return part;
+}
+
+IndexAddOptions AddOptions(int shards) {
+  IndexAddOptions o;
+  o.shards = shards;
+  o.chunk_rows = 1000;
+  o.progress.out = nullptr;
+  return o;
+}
+
+// An index built on the first two thirds of a datastore and grown by AddToIndex to all of it
+// answers as one index of every row made from the same trained state: the same neighbours (ids,
+// values, distances up to rounding) as the trained index holding all rows, Flat and IVF-PQ. The
+// new shards follow the old ones, which are left as they were; the new subset codes are the
+// index's subset quantizer's codes of the added rows.
+TEST(IndexAdd, AddedShardsAnswerAsOneIndexOfAllTheRows) {
+  const int64_t old_sentences = Data().values.num_sentences() * 2 / 3;
+  const GrownFrom part = FirstSentences(old_sentences);
+  const int64_t old_rows = part.keys.rows;
+  const MatrixKeySource all_keys(Data().keys.view());
+  const MemoryValueSource all_values(Data().values);
+  const Matrix<float> q = MakeQueries(Data().keys, 40, 31);
+  for (const char* factory : {"Flat", "IVF32,PQ8"}) {
+    SCOPED_TRACE(factory);
+    const std::string dir =
+        FreshTempDir(absl::StrCat("grown_", factory[0] == 'F' ? "flat" : "ivf")).string();
+    const MatrixKeySource part_keys(part.keys);
+    const MemoryValueSource part_values(part.values);
+    ASSERT_OK_AND_ASSIGN(const IndexManifest before,
+                         BuildIndex(part_keys, &part_values, Options(factory, 2), dir));
+    ASSERT_OK_AND_ASSIGN(const IndexManifest after,
+                         AddToIndex(all_keys, &all_values, AddOptions(2), dir));
+
+    EXPECT_EQ(after.total_vectors, kRows);
+    EXPECT_EQ(after.num_sentences, Data().values.num_sentences());
+    ASSERT_EQ(after.shards.size(), 4u);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(after.shards[s].index.digest.sha256, before.shards[s].index.digest.sha256);
+      EXPECT_EQ(after.shards[s].id_end, before.shards[s].id_end);
+    }
+    EXPECT_EQ(after.shards[2].id_begin, old_rows);
+    EXPECT_EQ(after.shards[2].sentence_begin, old_sentences);
+    EXPECT_EQ(after.shards[2].index.file, "shard-00002.faiss");
+    ASSERT_OK_AND_ASSIGN(const IndexManifest read_back, ReadManifest(dir));
+    EXPECT_EQ(read_back.ToJson(), after.ToJson());
+
+    // The reference: the trained state of the shards with every row added to it, one index.
+    ASSERT_OK_AND_ASSIGN(auto shard0, OpenChecked(dir, before.shards[0].index));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<FaissIndex> whole,
+                         FaissIndex::ReadTrainedEmpty(*shard0, /*threads=*/1));
+    EXPECT_EQ(whole->size(), 0);
+    ASSERT_OK(whole->Add(Data().keys.view()));
+    ASSERT_OK_AND_ASSIGN(const Neighbors want, whole->Search(q.view(), {.k = 16, .nprobe = 4}));
+    auto grown = Local(dir);
+    ASSERT_NE(grown, nullptr);
+    ASSERT_OK_AND_ASSIGN(const EngineResult got, grown->Search(testing::FullQuery(q, 16, 4)));
+    testing::ExpectSameNeighborsUpToRounding(want, got.neighbors);
+    for (size_t i = 0; i < got.neighbors.ids.size(); ++i) {
+      EXPECT_EQ(got.neighbors.values[i], Data().values.tokens[got.neighbors.ids[i]]);
+    }
+    if (!after.subset_quantizer) continue;
+    ASSERT_OK_AND_ASSIGN(auto quantizer_file, OpenChecked(dir, *after.subset_quantizer));
+    ASSERT_OK_AND_ASSIGN(auto quantizer, SubsetQuantizer::Read(*quantizer_file, 1));
+    for (int s = 2; s < 4; ++s) {
+      const ShardManifest& shard = after.shards[s];
+      ASSERT_OK_AND_ASSIGN(auto codes_file, OpenChecked(dir, *shard.subset_codes));
+      ASSERT_OK_AND_ASSIGN(const SubsetCodes codes, ReadSubsetCodes(*codes_file));
+      ASSERT_OK_AND_ASSIGN(const Matrix<uint8_t> want_codes,
+                           quantizer->Encode({Data().keys.row(shard.id_begin),
+                                              shard.id_end - shard.id_begin, kDim}));
+      EXPECT_EQ(codes.codes,
+                std::vector<uint8_t>(want_codes.data(), want_codes.data() + want_codes.size()));
+      EXPECT_EQ(codes.num_sentences(), shard.sentence_end - shard.sentence_begin);
+    }
+  }
 }
 
 }  // namespace

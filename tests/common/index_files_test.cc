@@ -428,6 +428,19 @@ class KeysFailingFrom : public KeySource {
   const int64_t first_bad_row_;
 };
 
+// `dir` holds `index` whole: the same manifest, every file it lists verifying, and no other
+// file (the lock file aside).
+void ExpectIndexIsStill(const IndexManifest& index, const std::string& dir) {
+  ASSERT_OK_AND_ASSIGN(const IndexManifest now, ReadManifest(dir));
+  EXPECT_EQ(now.ToJson(), index.ToJson());
+  std::vector<std::string> expected = {"manifest.json", ".knnserve.lock"};
+  for (const ManifestFile& f : index.Files()) {
+    EXPECT_OK(VerifyFile(dir + "/" + f.file, f.digest)) << f.file;
+    expected.push_back(f.file);
+  }
+  EXPECT_THAT(FilesIn(dir), ::testing::UnorderedElementsAreArray(expected));
+}
+
 // A rebuild that fails after writing some of its files (a key read fails in its second shard)
 // leaves the index it would replace whole: the same manifest, every file verifying, nothing of
 // its own left behind.
@@ -445,14 +458,7 @@ TEST(IndexBuild, AFailedRebuildKeepsTheIndexItWouldReplace) {
   EXPECT_THAT(BuildIndex(failing, &values, options, dir),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad sector")));
 
-  ASSERT_OK_AND_ASSIGN(const IndexManifest after, ReadManifest(dir));
-  EXPECT_EQ(after.ToJson(), old_index.ToJson());
-  std::vector<std::string> expected = {"manifest.json", ".knnserve.lock"};
-  for (const ManifestFile& f : old_index.Files()) {
-    EXPECT_OK(VerifyFile(dir + "/" + f.file, f.digest)) << f.file;
-    expected.push_back(f.file);
-  }
-  EXPECT_THAT(FilesIn(dir), ::testing::UnorderedElementsAreArray(expected));
+  ExpectIndexIsStill(old_index, dir);
 }
 
 // A build holds its directory's lock: it is refused while another command writes there, and
@@ -508,6 +514,65 @@ TEST(Hdf5Datastore, BuildRefusesValuesThatDoNotMatchTheKeys) {
   const MemoryValueSource bad_values(bad);
   EXPECT_THAT(BuildIndex(keys, &bad_values, options, dir),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/offsets end at")));
+}
+
+// Adding to an index refuses what would not extend it by appending, and a failed add (a key of
+// the added rows unreadable) leaves the index as it was: the same manifest, every file
+// verifying, no file of the add left behind.
+TEST(IndexAdd, RefusesWhatDoesNotExtendTheIndexAndKeepsIt) {
+  const std::string dir = FreshTempDir("add-refusals").string();
+  const testing::Datastore ds = testing::MakeDatastore(800, 8, 4, 6);
+  const int64_t old_sentences = ds.values.num_sentences() * 2 / 3;
+  const int64_t old_rows = ds.values.offsets[old_sentences];
+  DatastoreValues old_values;
+  old_values.offsets.assign(ds.values.offsets.begin(),
+                            ds.values.offsets.begin() + old_sentences + 1);
+  old_values.tokens.assign(ds.values.tokens.begin(), ds.values.tokens.begin() + old_rows);
+  const MatrixKeySource old_keys({ds.keys.data(), old_rows, ds.keys.cols()});
+  const MemoryValueSource old_source(old_values);
+  IndexBuildOptions build = QuietIvfPq(2);
+  build.factory = "Flat";
+  build.subset_m = 2;  // subset codes too
+  ASSERT_OK_AND_ASSIGN(const IndexManifest index, BuildIndex(old_keys, &old_source, build, dir));
+  ASSERT_TRUE(index.subset_quantizer.has_value());
+
+  const MatrixKeySource keys(ds.keys.view());
+  const MemoryValueSource values(ds.values);
+  IndexAddOptions add;
+  add.progress.out = nullptr;
+  const auto refused = [&](const KeySource& k, const ValueSource* v, IndexAddOptions o,
+                           absl::StatusCode code, const std::string& reason) {
+    EXPECT_THAT(AddToIndex(k, v, o, dir), StatusIs(code, HasSubstr(reason)));
+  };
+  const Matrix<float> wider(ds.keys.rows(), ds.keys.cols() + 1);
+  refused(MatrixKeySource(wider.view()), &values, add, absl::StatusCode::kInvalidArgument,
+          "keys of dimension 9 for the index in " + dir + " of dimension 8");
+  refused(old_keys, &old_source, add, absl::StatusCode::kInvalidArgument, "nothing to add");
+  refused(keys, nullptr, add, absl::StatusCode::kInvalidArgument, "carries values");
+  DatastoreValues changed = ds.values;
+  changed.tokens[old_rows - 1] += 1;  // a token of the last old shard
+  const MemoryValueSource changed_source(changed);
+  refused(keys, &changed_source, add, absl::StatusCode::kFailedPrecondition,
+          "differ from those of shard 1 (shard-00001.values)");
+  DatastoreValues moved = ds.values;  // the last old sentence runs on into the first new one
+  moved.offsets.erase(moved.offsets.begin() + old_sentences);
+  const MemoryValueSource moved_source(moved);
+  refused(keys, &moved_source, add, absl::StatusCode::kFailedPrecondition,
+          "do not extend the index");
+  IndexAddOptions too_many = add;
+  too_many.shards = static_cast<int>(ds.values.num_sentences() - old_sentences) + 1;
+  refused(keys, &values, too_many, absl::StatusCode::kInvalidArgument, "sentences cannot fill");
+  const KeysFailingFrom failing(keys, old_rows);
+  refused(failing, &values, add, absl::StatusCode::kDataLoss, "bad sector");
+  EXPECT_THAT(AddToIndex(keys, &values, add, dir + "/none"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no index in " + dir + "/none")));
+
+  ExpectIndexIsStill(index, dir);
+
+  // And the datastore as it grew is taken.
+  ASSERT_OK_AND_ASSIGN(const IndexManifest grown, AddToIndex(keys, &values, add, dir));
+  EXPECT_EQ(grown.shards.size(), 3u);
+  EXPECT_EQ(grown.total_vectors, ds.keys.rows());
 }
 
 }  // namespace
