@@ -3,6 +3,8 @@
 #ifndef KNNSERVE_CLIENT_KNN_WORKER_THREAD_H_
 #define KNNSERVE_CLIENT_KNN_WORKER_THREAD_H_
 
+#include <sys/types.h>
+
 #include <deque>
 #include <functional>
 #include <thread>
@@ -15,33 +17,47 @@ namespace knnserve::knn {
 // How the worker competes for CPU with the rest of the process.
 enum class WorkerPriority {
   kNormal,
-  // Linux SCHED_IDLE: the worker runs only on a core that has nothing else to run, so that it
-  // can share cores with the model's threads without ever preempting them (elsewhere: normal).
+  // Linux SCHED_IDLE while its owner does not wait for it: the worker runs only on a core that
+  // has nothing else to run, so that it shares cores with the model's threads without ever
+  // preempting them. While the owner waits in Wait() the worker runs at normal priority: at idle
+  // priority it would get almost no CPU from a machine that other processes keep busy, and the
+  // owner would wait for it all that time (a decoder beside two busy loops did not finish 200
+  // sentences in 150 s, against 10 s for base MT). Where the process may not leave SCHED_IDLE
+  // again (IdlePriorityReversible), and off Linux, the worker runs at normal priority throughout.
   kIdle,
 };
+
+// Whether a thread at nice `nice` may leave SCHED_IDLE for SCHED_OTHER (Linux's rule for
+// unprivileged threads): with CAP_SYS_NICE, or when RLIMIT_NICE (its soft limit `nice_limit`)
+// allows that nice value, i.e. nice_limit >= 20 - nice.
+bool IdlePriorityReversible(bool cap_sys_nice, long nice_limit, int nice);
 
 // Thread-compatible: one owning thread calls Post and Wait. The thread starts with the first
 // Post; the destructor waits for the posted jobs and joins it.
 class WorkerThread {
  public:
-  explicit WorkerThread(WorkerPriority priority = WorkerPriority::kNormal) : priority_(priority) {}
+  explicit WorkerThread(WorkerPriority priority = WorkerPriority::kNormal);
   WorkerThread(const WorkerThread&) = delete;
   WorkerThread& operator=(const WorkerThread&) = delete;
   ~WorkerThread();
 
   // Runs `job` on the worker after the jobs posted before it.
   void Post(std::function<void()> job);
-  // Blocks until every posted job has returned; returns at once when idle.
+  // Blocks until every posted job has returned; returns at once when idle. An idle-priority
+  // worker runs at normal priority meanwhile.
   void Wait();
 
  private:
   void Loop();
 
-  const WorkerPriority priority_;
+  // Whether the worker drops to SCHED_IDLE when its owner is not waiting.
+  const bool idle_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);  // not yet taken
   int unfinished_ ABSL_GUARDED_BY(mu_) = 0;                      // posted, not yet returned
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  pid_t worker_tid_ ABSL_GUARDED_BY(mu_) = 0;  // the worker's thread id, once it runs
+  bool boosted_ ABSL_GUARDED_BY(mu_) = false;  // raised to normal priority by Wait
   std::thread thread_;
 };
 

@@ -2,13 +2,30 @@
 
 #include <sched.h>
 
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace knnserve::knn {
 namespace {
+
+// Whether this process may raise a thread from SCHED_IDLE again (root, or CAP_SYS_NICE, or a
+// high enough RLIMIT_NICE): an idle-priority worker is idle only then.
+bool CanLeaveIdle() {
+  const int before = sched_getscheduler(0);
+  bool can = false;
+  std::thread probe([&can] {
+    const sched_param param{};
+    can = sched_setscheduler(0, SCHED_IDLE, &param) == 0 &&
+          sched_setscheduler(0, SCHED_OTHER, &param) == 0;
+  });
+  probe.join();
+  EXPECT_EQ(sched_getscheduler(0), before);
+  return can;
+}
 
 // The processor queues a batch's setup and then its first step's search without waiting in
 // between: the search must see what the setup did.
@@ -32,6 +49,7 @@ TEST(WorkerThread, RunsQueuedJobsInOrderAndWaitCoversThemAll) {
 // The background search takes only what the model's threads leave: its worker runs at idle
 // priority, and the owner's thread keeps its own.
 TEST(WorkerThread, IdlePriorityAppliesToTheWorkerAlone) {
+  if (!CanLeaveIdle()) GTEST_SKIP() << "this process may not leave SCHED_IDLE: normal priority";
   const int owner_policy = sched_getscheduler(0);
   int normal_policy = -1;
   int idle_policy = -1;
@@ -44,6 +62,48 @@ TEST(WorkerThread, IdlePriorityAppliesToTheWorkerAlone) {
   EXPECT_EQ(normal_policy, owner_policy);
   EXPECT_EQ(idle_policy, SCHED_IDLE);
   EXPECT_EQ(sched_getscheduler(0), owner_policy);
+}
+
+// While its owner waits, an idle-priority worker runs at normal priority (on a machine that
+// other processes keep busy, SCHED_IDLE would get it almost no CPU, and the owner would wait all
+// that time), for every job the wait covers; jobs posted afterwards run at idle priority again.
+TEST(WorkerThread, AnIdleWorkerRunsAtNormalPriorityWhileItsOwnerWaits) {
+  if (!CanLeaveIdle()) GTEST_SKIP() << "this process may not leave SCHED_IDLE: normal priority";
+  WorkerThread worker(WorkerPriority::kIdle);
+  absl::Notification started;
+  std::vector<int> policies;  // written by the worker only, read after Wait
+  worker.Post([&] {
+    policies.push_back(sched_getscheduler(0));
+    started.Notify();
+    // Until the owner's Wait raised this thread (a bound, not a timing: the loop fails the test
+    // only if the raise never comes).
+    for (int i = 0; i < 100000 && sched_getscheduler(0) == SCHED_IDLE; ++i)
+      absl::SleepFor(absl::Microseconds(100));
+    policies.push_back(sched_getscheduler(0));
+  });
+  worker.Post([&] { policies.push_back(sched_getscheduler(0)); });  // queued behind it
+  started.WaitForNotification();
+  worker.Wait();
+  absl::Notification ran;  // awaited without Wait: the owner does not wait for the worker
+  worker.Post([&] {
+    policies.push_back(sched_getscheduler(0));
+    ran.Notify();
+  });
+  ran.WaitForNotification();
+  worker.Wait();
+  ASSERT_EQ(policies.size(), 4u);
+  EXPECT_EQ(policies[0], SCHED_IDLE);   // posted, not waited for
+  EXPECT_EQ(policies[1], SCHED_OTHER);  // raised by Wait mid-job
+  EXPECT_EQ(policies[2], SCHED_OTHER);  // the next job of the same wait
+  EXPECT_EQ(policies[3], SCHED_IDLE);   // after the wait, not waited for
+}
+
+TEST(IdlePriorityReversible, FollowsLinuxRuleForUnprivilegedThreads) {
+  EXPECT_TRUE(IdlePriorityReversible(/*cap_sys_nice=*/true, /*nice_limit=*/0, /*nice=*/0));
+  EXPECT_FALSE(IdlePriorityReversible(false, 0, 0));  // Debian's default RLIMIT_NICE
+  EXPECT_TRUE(IdlePriorityReversible(false, 20, 0));
+  EXPECT_FALSE(IdlePriorityReversible(false, 19, 0));
+  EXPECT_TRUE(IdlePriorityReversible(false, 1, 19));  // a process started at nice 19
 }
 
 }  // namespace
