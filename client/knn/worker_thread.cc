@@ -1,13 +1,16 @@
 #include "client/knn/worker_thread.h"
 
+#include <omp.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace knnserve::knn {
 namespace {
@@ -43,6 +46,23 @@ bool CanLeaveIdlePriority() {
 void SetThreadPolicy(pid_t tid, int policy) {
   const sched_param param{};
   sched_setscheduler(tid, policy, &param);
+}
+
+// The process's idle-priority workers and the owners waiting for any worker. Every idle worker
+// runs at normal priority while some owner waits, not only the one waited for: the workers share
+// locks (e.g. SubsetAdc's packed-subset cache), and a raised worker blocked on a lock that an
+// idle one held waited for it as long as before (subset kNN-MT's two interleaved batches beside
+// two busy loops: 90 s with the decoder waiting 68 s, one worker raised and blocked in
+// SubsetAdc::Packed, the other at SCHED_IDLE holding the cache's mutex).
+struct IdleWorkers {
+  absl::Mutex mu;
+  std::vector<pid_t> tids ABSL_GUARDED_BY(mu);
+  int waiting_owners ABSL_GUARDED_BY(mu) = 0;
+};
+
+IdleWorkers& TheIdleWorkers() {
+  static IdleWorkers* const workers = new IdleWorkers;  // never destroyed: workers may outlive main
+  return *workers;
 }
 #endif
 
@@ -82,23 +102,35 @@ void WorkerThread::Post(std::function<void()> job) {
 
 void WorkerThread::Wait() {
   absl::MutexLock lock(&mu_);
+  if (unfinished_ == 0) return;
 #ifdef SCHED_IDLE
-  // The worker's thread id is known once it took the lock; before that it has not lowered its
-  // priority yet, and it checks boosted_ before it does.
-  if (idle_ && unfinished_ > 0 && !boosted_) {
-    boosted_ = true;
-    if (worker_tid_ != 0) SetThreadPolicy(worker_tid_, SCHED_OTHER);
+  IdleWorkers& idle = TheIdleWorkers();
+  {
+    absl::MutexLock group(&idle.mu);
+    ++idle.waiting_owners;
+    for (const pid_t tid : idle.tids) SetThreadPolicy(tid, SCHED_OTHER);
   }
 #endif
   mu_.Await(absl::Condition(Idle, &unfinished_));
+#ifdef SCHED_IDLE
+  absl::MutexLock group(&idle.mu);
+  --idle.waiting_owners;  // the workers go back to idle priority with their next jobs
+#endif
 }
 
 void WorkerThread::Loop() {
-  {
-    absl::MutexLock lock(&mu_);
-    worker_tid_ = gettid();
+#ifdef SCHED_IDLE
+  if (idle_) {
+    IdleWorkers& idle = TheIdleWorkers();
+    absl::MutexLock group(&idle.mu);
+    idle.tids.push_back(gettid());
   }
-  bool lowered = false;  // whether this thread runs at SCHED_IDLE now
+#endif
+  // Threads started by this one inherit its policy, and Wait raises the workers alone: an
+  // OpenMP team of an idle worker's (LibTorch's ops in the subset selection opened one of two)
+  // stayed at SCHED_IDLE, and on a busy machine the raised worker then waited at the team's
+  // barriers much as before.
+  if (idle_) omp_set_num_threads(1);
   for (;;) {
     std::function<void()> job;
     {
@@ -107,25 +139,30 @@ void WorkerThread::Loop() {
           +[](WorkerThread* w)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return w->stop_ || !w->jobs_.empty(); },
           this));
-      if (stop_) return;
+      if (stop_) break;
       job = std::move(jobs_.front());
       jobs_.pop_front();
-#ifdef SCHED_IDLE
-      // Idle priority for jobs the owner does not wait for; Wait raised it (or will, under
-      // this lock) for those it waits for.
-      if (idle_ && lowered == boosted_) {
-        SetThreadPolicy(0, boosted_ ? SCHED_OTHER : SCHED_IDLE);
-        lowered = !boosted_;
-      }
-#endif
     }
+#ifdef SCHED_IDLE
+    // Idle priority for jobs nobody waits for yet; a Wait that begins later raises the thread
+    // (under the same lock, so it cannot be lowered after it).
+    if (idle_) {
+      IdleWorkers& idle = TheIdleWorkers();
+      absl::MutexLock group(&idle.mu);
+      SetThreadPolicy(0, idle.waiting_owners > 0 ? SCHED_OTHER : SCHED_IDLE);
+    }
+#endif
     job();
     absl::MutexLock lock(&mu_);
-    if (--unfinished_ == 0 && boosted_) {
-      boosted_ = false;  // the owner's wait is over; the next job lowers the priority again
-      lowered = false;   // Wait set SCHED_OTHER on this thread (or it never lowered it)
-    }
+    --unfinished_;
   }
+#ifdef SCHED_IDLE
+  if (idle_) {
+    IdleWorkers& idle = TheIdleWorkers();
+    absl::MutexLock group(&idle.mu);
+    idle.tids.erase(std::find(idle.tids.begin(), idle.tids.end(), gettid()));
+  }
+#endif
 }
 
 }  // namespace knnserve::knn

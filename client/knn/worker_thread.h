@@ -3,8 +3,6 @@
 #ifndef KNNSERVE_CLIENT_KNN_WORKER_THREAD_H_
 #define KNNSERVE_CLIENT_KNN_WORKER_THREAD_H_
 
-#include <sys/types.h>
-
 #include <deque>
 #include <functional>
 #include <thread>
@@ -17,13 +15,17 @@ namespace knnserve::knn {
 // How the worker competes for CPU with the rest of the process.
 enum class WorkerPriority {
   kNormal,
-  // Linux SCHED_IDLE while its owner does not wait for it: the worker runs only on a core that
-  // has nothing else to run, so that it shares cores with the model's threads without ever
-  // preempting them. While the owner waits in Wait() the worker runs at normal priority: at idle
-  // priority it would get almost no CPU from a machine that other processes keep busy, and the
-  // owner would wait for it all that time (a decoder beside two busy loops did not finish 200
-  // sentences in 150 s, against 10 s for base MT). Where the process may not leave SCHED_IDLE
-  // again (IdlePriorityReversible), and off Linux, the worker runs at normal priority throughout.
+  // Linux SCHED_IDLE while no owner waits: the worker runs only on a core that has nothing else
+  // to run, so that it shares cores with the model's threads without ever preempting them. While
+  // any owner in the process waits in Wait(), every idle-priority worker runs at normal priority
+  // (a job that began meanwhile from then on; one already running when the wait began is raised
+  // at once): at idle priority a worker would get almost no CPU from a machine that other
+  // processes keep busy, and the owner would wait for it, or for a lock that it holds, all that
+  // time (a decoder beside two busy loops did not finish 200 sentences in 150 s, against 10 s
+  // for base MT). Where the process may not leave SCHED_IDLE again (IdlePriorityReversible), and
+  // off Linux, the worker runs at normal priority throughout. An idle worker's jobs run their
+  // OpenMP regions on one thread (its OpenMP thread count is 1): threads it started would stay
+  // at idle priority while it is raised.
   kIdle,
 };
 
@@ -43,8 +45,8 @@ class WorkerThread {
 
   // Runs `job` on the worker after the jobs posted before it.
   void Post(std::function<void()> job);
-  // Blocks until every posted job has returned; returns at once when idle. An idle-priority
-  // worker runs at normal priority meanwhile.
+  // Blocks until every posted job has returned; returns at once when idle. Idle-priority
+  // workers run at normal priority meanwhile (WorkerPriority::kIdle).
   void Wait();
 
  private:
@@ -56,8 +58,6 @@ class WorkerThread {
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);  // not yet taken
   int unfinished_ ABSL_GUARDED_BY(mu_) = 0;                      // posted, not yet returned
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  pid_t worker_tid_ ABSL_GUARDED_BY(mu_) = 0;  // the worker's thread id, once it runs
-  bool boosted_ ABSL_GUARDED_BY(mu_) = false;  // raised to normal priority by Wait
   std::thread thread_;
 };
 

@@ -1,5 +1,6 @@
 #include "client/knn/worker_thread.h"
 
+#include <omp.h>
 #include <sched.h>
 
 #include <thread>
@@ -96,6 +97,61 @@ TEST(WorkerThread, AnIdleWorkerRunsAtNormalPriorityWhileItsOwnerWaits) {
   EXPECT_EQ(policies[1], SCHED_OTHER);  // raised by Wait mid-job
   EXPECT_EQ(policies[2], SCHED_OTHER);  // the next job of the same wait
   EXPECT_EQ(policies[3], SCHED_IDLE);   // after the wait, not waited for
+}
+
+// Workers share locks (SubsetAdc's packed-subset cache): while an owner waits for its worker,
+// the other idle workers run at normal priority too, or one holding a lock that the awaited
+// worker needs would keep it waiting.
+TEST(WorkerThread, EveryIdleWorkerRunsAtNormalPriorityWhileAnyOwnerWaits) {
+  if (!CanLeaveIdle()) GTEST_SKIP() << "this process may not leave SCHED_IDLE: normal priority";
+  WorkerThread awaited(WorkerPriority::kIdle);
+  WorkerThread other(WorkerPriority::kIdle);
+  absl::Notification other_started;
+  absl::Notification other_raised;
+  int other_policy_before = -1;
+  int other_policy_raised = -1;
+  other.Post([&] {
+    other_policy_before = sched_getscheduler(0);
+    other_started.Notify();
+    // Bounded: the test fails, not hangs, if the raise never comes.
+    for (int i = 0; i < 100000 && sched_getscheduler(0) == SCHED_IDLE; ++i)
+      absl::SleepFor(absl::Microseconds(100));
+    other_policy_raised = sched_getscheduler(0);
+    other_raised.Notify();
+  });
+  other_started.WaitForNotification();
+  // The awaited worker's job ends only once the other worker was raised (or its bound ran out).
+  awaited.Post([&] { other_raised.WaitForNotification(); });
+  awaited.Wait();
+  other.Wait();
+  EXPECT_EQ(other_policy_before, SCHED_IDLE);
+  EXPECT_EQ(other_policy_raised, SCHED_OTHER);
+  int other_policy_after = -1;
+  absl::Notification ran;  // not awaited with Wait: nobody waits, idle priority again
+  other.Post([&] {
+    other_policy_after = sched_getscheduler(0);
+    ran.Notify();
+  });
+  ran.WaitForNotification();
+  EXPECT_EQ(other_policy_after, SCHED_IDLE);
+  other.Wait();
+}
+
+// A thread that an idle worker's job started (an OpenMP team's) would inherit SCHED_IDLE, and Wait
+// raises the worker alone: on a busy machine the worker would then wait for that thread.
+TEST(WorkerThread, AnIdleWorkerOpensOneThreadParallelRegions) {
+  if (!CanLeaveIdle()) GTEST_SKIP() << "this process may not leave SCHED_IDLE: normal priority";
+  WorkerThread worker(WorkerPriority::kIdle);
+  int team = 0;
+  worker.Post([&team] {
+#pragma omp parallel
+    {
+#pragma omp single
+      team = omp_get_num_threads();
+    }
+  });
+  worker.Wait();
+  EXPECT_EQ(team, 1);
 }
 
 TEST(IdlePriorityReversible, FollowsLinuxRuleForUnprivilegedThreads) {
