@@ -54,16 +54,48 @@ void SetThreadPolicy(pid_t tid, int policy) {
 // idle one held waited for it as long as before (subset kNN-MT's two interleaved batches beside
 // two busy loops: 90 s with the decoder waiting 68 s, one worker raised and blocked in
 // SubsetAdc::Packed, the other at SCHED_IDLE holding the cache's mutex).
-struct IdleWorkers {
-  absl::Mutex mu;
-  std::vector<pid_t> tids ABSL_GUARDED_BY(mu);
-  int waiting_owners ABSL_GUARDED_BY(mu) = 0;
-};
+// Thread-safe.
+class IdleWorkers {
+ public:
+  static IdleWorkers& Get() {
+    // Never destroyed: workers may outlive main.
+    static IdleWorkers* const workers = new IdleWorkers;
+    return *workers;
+  }
 
-IdleWorkers& TheIdleWorkers() {
-  static IdleWorkers* const workers = new IdleWorkers;  // never destroyed: workers may outlive main
-  return *workers;
-}
+  void Join(pid_t tid) {
+    absl::MutexLock lock(&mu_);
+    tids_.push_back(tid);
+  }
+  void Leave(pid_t tid) {
+    absl::MutexLock lock(&mu_);
+    tids_.erase(std::find(tids_.begin(), tids_.end(), tid));
+  }
+
+  // An owner begins to wait: every idle worker to normal priority, running jobs included.
+  void BeginWait() {
+    absl::MutexLock lock(&mu_);
+    ++waiting_owners_;
+    for (const pid_t tid : tids_) SetThreadPolicy(tid, SCHED_OTHER);
+  }
+  // The workers go back to idle priority with their next jobs.
+  void EndWait() {
+    absl::MutexLock lock(&mu_);
+    --waiting_owners_;
+  }
+
+  // The calling worker before a job: idle priority unless an owner waits. Under the lock, so a
+  // Wait that begins later raises the thread after this, never before.
+  void SetPolicyForNextJob() {
+    absl::MutexLock lock(&mu_);
+    SetThreadPolicy(0, waiting_owners_ > 0 ? SCHED_OTHER : SCHED_IDLE);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<pid_t> tids_ ABSL_GUARDED_BY(mu_);
+  int waiting_owners_ ABSL_GUARDED_BY(mu_) = 0;
+};
 #endif
 
 }  // namespace
@@ -104,27 +136,17 @@ void WorkerThread::Wait() {
   absl::MutexLock lock(&mu_);
   if (unfinished_ == 0) return;
 #ifdef SCHED_IDLE
-  IdleWorkers& idle = TheIdleWorkers();
-  {
-    absl::MutexLock group(&idle.mu);
-    ++idle.waiting_owners;
-    for (const pid_t tid : idle.tids) SetThreadPolicy(tid, SCHED_OTHER);
-  }
+  IdleWorkers::Get().BeginWait();
 #endif
   mu_.Await(absl::Condition(Idle, &unfinished_));
 #ifdef SCHED_IDLE
-  absl::MutexLock group(&idle.mu);
-  --idle.waiting_owners;  // the workers go back to idle priority with their next jobs
+  IdleWorkers::Get().EndWait();
 #endif
 }
 
 void WorkerThread::Loop() {
 #ifdef SCHED_IDLE
-  if (idle_) {
-    IdleWorkers& idle = TheIdleWorkers();
-    absl::MutexLock group(&idle.mu);
-    idle.tids.push_back(gettid());
-  }
+  if (idle_) IdleWorkers::Get().Join(gettid());
 #endif
   // Threads started by this one inherit its policy, and Wait raises the workers alone: an
   // OpenMP team of an idle worker's (LibTorch's ops in the subset selection opened one of two)
@@ -144,24 +166,14 @@ void WorkerThread::Loop() {
       jobs_.pop_front();
     }
 #ifdef SCHED_IDLE
-    // Idle priority for jobs nobody waits for yet; a Wait that begins later raises the thread
-    // (under the same lock, so it cannot be lowered after it).
-    if (idle_) {
-      IdleWorkers& idle = TheIdleWorkers();
-      absl::MutexLock group(&idle.mu);
-      SetThreadPolicy(0, idle.waiting_owners > 0 ? SCHED_OTHER : SCHED_IDLE);
-    }
+    if (idle_) IdleWorkers::Get().SetPolicyForNextJob();
 #endif
     job();
     absl::MutexLock lock(&mu_);
     --unfinished_;
   }
 #ifdef SCHED_IDLE
-  if (idle_) {
-    IdleWorkers& idle = TheIdleWorkers();
-    absl::MutexLock group(&idle.mu);
-    idle.tids.erase(std::find(idle.tids.begin(), idle.tids.end(), gettid()));
-  }
+  if (idle_) IdleWorkers::Get().Leave(gettid());
 #endif
 }
 

@@ -52,7 +52,7 @@ class WorkerThread {
  private:
   void Loop();
 
-  // Whether the worker drops to SCHED_IDLE when its owner is not waiting.
+  // Whether the worker drops to SCHED_IDLE while no owner waits.
   const bool idle_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);  // not yet taken
