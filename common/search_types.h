@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -35,6 +37,12 @@ inline bool RanksBefore(Metric metric, float a, int64_t id_a, float b, int64_t i
 
 // For each subset group, the datastore sentence ids it may match (distinct, in range).
 using SubsetGroups = std::vector<std::vector<int64_t>>;
+
+// `groups` shared, as search engines take them (SubsetSearcher::SearchSubset keeps what it
+// packed for them while they are held).
+inline std::shared_ptr<const SubsetGroups> ShareGroups(SubsetGroups groups) {
+  return std::make_shared<const SubsetGroups>(std::move(groups));
+}
 
 // The sentence ids of all groups together.
 inline int64_t TotalSentenceIds(const SubsetGroups& groups) {

@@ -5,6 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/adc/adc_kernels.h"
@@ -33,6 +36,21 @@ struct PackedAllocator {
   PackedAllocator(const PackedAllocator<U>&) {}  // NOLINT: rebinding converts implicitly
   T* allocate(size_t n) { return static_cast<T*>(AllocatePackedMemory(n * sizeof(T))); }
   void deallocate(T* p, size_t n) noexcept { FreePackedMemory(p, n * sizeof(T)); }
+  // Packed lines are written in full by the packing before anything reads them: resize leaves
+  // them unset, where value-initialising them cost a memset of every packed subset (and the page
+  // faults of its first touch, before the packing's own). Everything else is value-initialised.
+  template <typename U>
+  void construct(U* p) {
+    if constexpr (std::is_same_v<U, PackedLine>) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U();
+    }
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   template <typename U>
   bool operator==(const PackedAllocator<U>&) const {
     return true;

@@ -153,49 +153,83 @@ struct SubsetAdc::PackedSubset {
 };
 
 // Thread-safe LRU of packed subsets, bounded in bytes, keyed by their runs. Entries are immutable
-// and shared: a search keeps using the one it found even if it is evicted meanwhile.
+// and shared: a search keeps using the one it found even if it is evicted meanwhile. Each entry
+// remembers the groups of the last search that packed or found it (its owner), and an entry
+// whose owner nobody holds any more is dropped before the cache grows much further: a decoding
+// batch's subsets are never searched again once its session ends, and kept until the cache was
+// full (256 MiB, a thousand sentences' subsets at the demo's size) every new subset was fresh
+// memory, one page fault per 4 KiB written: about as much time as the packing itself. Dropped,
+// their memory goes back to malloc, which hands it to the next subsets packed.
 class SubsetAdc::PackedCache {
  public:
   explicit PackedCache(size_t capacity) : capacity_(capacity) {}
 
   size_t capacity() const { return capacity_; }
 
-  std::shared_ptr<const PackedSubset> Find(const Ranges& ranges) {
+  std::shared_ptr<const PackedSubset> Find(const Ranges& ranges,
+                                           const std::shared_ptr<const SubsetGroups>& owner) {
     absl::MutexLock lock(&mu_);
     const auto it = index_.find(Key(ranges));
     // A hash collision must not hand out another subset's codes.
-    if (it == index_.end() || it->second->second->ranges != ranges) return nullptr;
+    if (it == index_.end() || it->second->packed->ranges != ranges) return nullptr;
     lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->second;
+    it->second->owner = owner;
+    return it->second->packed;
   }
 
-  void Insert(std::shared_ptr<const PackedSubset> packed) {
+  void Insert(std::shared_ptr<const PackedSubset> packed,
+              const std::shared_ptr<const SubsetGroups>& owner) {
     if (packed->bytes() > capacity_) return;
     const uint64_t key = Key(packed->ranges);
+    std::vector<std::shared_ptr<const PackedSubset>> dropped;  // freed after the lock is released
     absl::MutexLock lock(&mu_);
-    if (const auto it = index_.find(key); it != index_.end()) Erase(it->second);
+    // Every eighth of the entries inserted, the unowned ones go: a sweep per insert would cost
+    // O(entries) each time, and this keeps it O(1) per insert amortized.
+    if (++inserts_since_sweep_ * 8 >= lru_.size()) {
+      for (auto entry = lru_.begin(); entry != lru_.end();) {
+        auto next = std::next(entry);
+        if (entry->owner.expired()) dropped.push_back(Erase(entry));
+        entry = next;
+      }
+      inserts_since_sweep_ = 0;
+    }
+    if (const auto it = index_.find(key); it != index_.end()) dropped.push_back(Erase(it->second));
     used_ += packed->bytes();
-    lru_.emplace_front(key, std::move(packed));
+    lru_.push_front({key, std::move(packed), owner});
     index_[key] = lru_.begin();
-    while (used_ > capacity_) Erase(std::prev(lru_.end()));
+    while (used_ > capacity_) dropped.push_back(Erase(std::prev(lru_.end())));
+  }
+
+  size_t used() const {
+    absl::MutexLock lock(&mu_);
+    return used_;
   }
 
  private:
-  using Entry = std::pair<uint64_t, std::shared_ptr<const PackedSubset>>;
+  struct Entry {
+    uint64_t key;
+    std::shared_ptr<const PackedSubset> packed;
+    std::weak_ptr<const SubsetGroups> owner;
+  };
 
   static uint64_t Key(const Ranges& ranges) { return absl::Hash<Ranges>{}(ranges); }
 
-  void Erase(std::list<Entry>::iterator entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    used_ -= entry->second->bytes();
-    index_.erase(entry->first);
+  // Removes `entry` and returns its subset, for the caller to release outside the lock.
+  std::shared_ptr<const PackedSubset> Erase(std::list<Entry>::iterator entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::shared_ptr<const PackedSubset> packed = std::move(entry->packed);
+    used_ -= packed->bytes();
+    index_.erase(entry->key);
     lru_.erase(entry);
+    return packed;
   }
 
   const size_t capacity_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
   absl::flat_hash_map<uint64_t, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
   size_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t inserts_since_sweep_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<SubsetAdc>> SubsetAdc::Create(PqCodebook codebook, Metric metric,
@@ -228,14 +262,16 @@ SubsetAdc::SubsetAdc(PqCodebook codebook, Metric metric, SubsetCodes codes, Opti
 
 SubsetAdc::~SubsetAdc() = default;
 
+size_t SubsetAdc::packed_bytes_cached() const { return cache_ == nullptr ? 0 : cache_->used(); }
+
 void SubsetAdc::ComputeLut(const float* query, float* lut) const {
   lut_(query, centroids_t_.data(), codebook_.m, codebook_.dsub, metric_ == Metric::kL2, lut);
 }
 
-absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> queries,
-                                                     const SubsetGroups& groups,
-                                                     absl::Span<const int32_t> row_group,
-                                                     int k) const {
+absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(
+    MatrixView<const float> queries, const std::shared_ptr<const SubsetGroups>& shared_groups,
+    absl::Span<const int32_t> row_group, int k) const {
+  const SubsetGroups& groups = *shared_groups;
   RETURN_IF_ERROR(CheckSubsetSearch(codebook_.dim(), queries, groups, row_group, k));
   std::vector<std::vector<int64_t>> group_rows(groups.size());
   for (int64_t r = 0; r < queries.rows; ++r) group_rows[row_group[r]].push_back(r);
@@ -260,7 +296,7 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(MatrixView<const float> que
         const int32_t g = active[a];
         scanned +=
             IsQuantized(options_.kernel)
-                ? SearchGroupQuantized(queries, groups[g], group_rows[g], k, scratch,
+                ? SearchGroupQuantized(queries, shared_groups, g, group_rows[g], k, scratch,
                                        result.neighbors)
                 : SearchGroup(queries, groups[g], group_rows[g], k, scratch, result.neighbors);
       });
@@ -313,10 +349,11 @@ int64_t SubsetAdc::SearchGroup(MatrixView<const float> queries, absl::Span<const
   return scanned;
 }
 
-std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& ranges,
-                                                                 Scratch& scratch) const {
+std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(
+    const Ranges& ranges, const std::shared_ptr<const SubsetGroups>& owner,
+    Scratch& scratch) const {
   if (cache_ != nullptr) {
-    if (std::shared_ptr<const PackedSubset> hit = cache_->Find(ranges)) return hit;
+    if (std::shared_ptr<const PackedSubset> hit = cache_->Find(ranges, owner)) return hit;
   }
   // A subset the cache cannot hold (or every subset, without a cache) overwrites the thread's
   // previous one: its memory is reused, where fresh buffers of megabytes per call cost a page
@@ -356,16 +393,16 @@ std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(const Ranges& r
     }
   }
   if (lane > 0) pack_block();
-  if (keep) cache_->Insert(packed);
+  if (keep) cache_->Insert(packed, owner);
   return packed;
 }
 
 int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
-                                        absl::Span<const int64_t> sentences,
-                                        absl::Span<const int64_t> rows, int k, Scratch& scratch,
-                                        Neighbors& out) const {
-  SubsetRanges(codes_, sentences, scratch.ranges);
-  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges, scratch);
+                                        const std::shared_ptr<const SubsetGroups>& groups,
+                                        int32_t group, absl::Span<const int64_t> rows, int k,
+                                        Scratch& scratch, Neighbors& out) const {
+  SubsetRanges(codes_, (*groups)[group], scratch.ranges);
+  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges, groups, scratch);
   const int64_t n = packed->size();
   const int m = codebook_.m;
   const size_t lut_size = static_cast<size_t>(m) * kLutSize;

@@ -68,10 +68,9 @@ class SubsetSearcher {
  public:
   virtual ~SubsetSearcher() = default;
   // As SubsetAdc::SearchSubset.
-  virtual absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
-                                                    const SubsetGroups& groups,
-                                                    absl::Span<const int32_t> row_group,
-                                                    int k) const = 0;
+  virtual absl::StatusOr<SubsetResult> SearchSubset(
+      MatrixView<const float> queries, const std::shared_ptr<const SubsetGroups>& groups,
+      absl::Span<const int32_t> row_group, int k) const = 0;
 };
 
 // Thread-safety: immutable after Create; SearchSubset is const and safe from many threads.
@@ -80,8 +79,9 @@ class SubsetAdc : public SubsetSearcher {
   struct Options {
     int threads = 1;                     // OpenMP threads across subset groups
     AdcKernel kernel = BestAdcKernel();  // must be supported by this CPU
-    // Quantized kernels: bytes of packed subsets kept between calls, least recently used out
-    // (a subset kNN-MT session searches the same sentences at every step); 0 keeps none.
+    // Quantized kernels: bytes of packed subsets kept between calls (a subset kNN-MT session
+    // searches the same sentences at every step), least recently used out, and those of groups
+    // that nobody holds any more soon after (see SearchSubset); 0 keeps none.
     size_t packed_cache_bytes = size_t{256} << 20;
   };
 
@@ -95,8 +95,11 @@ class SubsetAdc : public SubsetSearcher {
   // any order, distinct); sentences outside this slice are skipped (another shard holds them).
   // Returns rows x k neighbours in RanksBefore order with global token ids; distances are the
   // ADC approximations (squared L2 or inner product in the transformed space).
+  // REQUIRES: groups != nullptr. The subsets packed for the groups stay cached while some caller
+  // still holds `groups` (a session's: pass the same pointer at every step) or a later call
+  // finds them again; once no one holds them they are dropped by the next calls that pack.
   absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
-                                            const SubsetGroups& groups,
+                                            const std::shared_ptr<const SubsetGroups>& groups,
                                             absl::Span<const int32_t> row_group,
                                             int k) const override;
 
@@ -106,6 +109,8 @@ class SubsetAdc : public SubsetSearcher {
 
   const PqCodebook& codebook() const { return codebook_; }
   const SubsetCodes& codes() const { return codes_; }
+  // Bytes of packed subsets the cache holds now.
+  size_t packed_bytes_cached() const;
   Metric metric() const { return metric_; }
   AdcKernel kernel() const { return options_.kernel; }
 
@@ -117,15 +122,18 @@ class SubsetAdc : public SubsetSearcher {
   class PackedCache;
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   // The codes of `ranges` (local token runs) packed for the quantized scan: from the cache, or
-  // packed now (and cached if it fits the cache; otherwise into memory of `scratch`, reused by
-  // its next call).
-  std::shared_ptr<const PackedSubset> Packed(const Ranges& ranges, Scratch& scratch) const;
+  // packed now (and cached for `owner` if it fits the cache; otherwise into memory of `scratch`,
+  // reused by its next call).
+  std::shared_ptr<const PackedSubset> Packed(const Ranges& ranges,
+                                             const std::shared_ptr<const SubsetGroups>& owner,
+                                             Scratch& scratch) const;
   // Searches the rows of one group into `out`; returns the number of codes scanned. The exact
   // float scan, and the quantized two-stage scan (for IsQuantized kernels).
   int64_t SearchGroup(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
                       absl::Span<const int64_t> rows, int k, Scratch& scratch,
                       Neighbors& out) const;
-  int64_t SearchGroupQuantized(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
+  int64_t SearchGroupQuantized(MatrixView<const float> queries,
+                               const std::shared_ptr<const SubsetGroups>& groups, int32_t group,
                                absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                Neighbors& out) const;
   // Stage 2 of one query: the k nearest of filter's survivors into heap (OfferBounded's form),

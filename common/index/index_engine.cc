@@ -49,7 +49,7 @@ class ShardEngine : public SearchEngine {
       }
       ASSIGN_OR_RETURN(Matrix<float> transformed, quantizer_->Transform(query.queries.view()));
       ASSIGN_OR_RETURN(SubsetResult subset,
-                       adc_->SearchSubset(transformed.view(), *query.subset_groups, query.row_group,
+                       adc_->SearchSubset(transformed.view(), query.subset_groups, query.row_group,
                                           query.params.k));
       result.neighbors = std::move(subset.neighbors);
       result.vectors_searched = subset.vectors_scanned;

@@ -349,8 +349,20 @@ TEST(PackedLines, AlignedToLinesAndLargeBlocksToHugePages) {
     if (lines * sizeof(adc_internal::PackedLine) >= adc_internal::kHugePageBytes) {
       EXPECT_EQ(address % adc_internal::kHugePageBytes, 0u) << lines << " lines";
     }
-    // Value-initialized, as any vector: the scans read padding lanes as code 0.
-    EXPECT_EQ(packed.back().bytes[kAdcBlock - 1], 0);
+  }
+}
+
+// Packed lines are left unset by resize (the packing writes every byte, padding lanes as code 0),
+// but every other aligned buffer is value-initialised, as any vector: IvfAdc's table of zeros
+// relies on it. The memory of a freed buffer, dirtied, is what malloc hands out again.
+TEST(PackedLines, OtherAlignedBuffersAreValueInitialized) {
+  for (int round = 0; round < 4; ++round) {
+    {
+      adc_internal::AlignedVector<float> dirty(4096);
+      std::fill(dirty.begin(), dirty.end(), 1.0f);
+    }
+    const adc_internal::AlignedVector<float> fresh(4096);
+    EXPECT_EQ(std::count(fresh.begin(), fresh.end(), 0.0f), 4096);
   }
 }
 
@@ -471,8 +483,9 @@ TEST(SubsetAdc, DistancesEqualFaissPqWithinTolerance) {
       groups[0].push_back(s);
     }
     const std::vector<int32_t> row_group(kQ, 0);
-    ASSERT_OK_AND_ASSIGN(SubsetResult got, adc->SearchSubset({f.queries.data(), kQ, 32}, groups,
-                                                             row_group, static_cast<int>(kN)));
+    ASSERT_OK_AND_ASSIGN(SubsetResult got,
+                         adc->SearchSubset({f.queries.data(), kQ, 32}, ShareGroups(groups),
+                                           row_group, static_cast<int>(kN)));
     EXPECT_EQ(got.vectors_scanned, kN);
     std::vector<float> dist(kQ * kN);
     std::vector<faiss::Index::idx_t> ids(kQ * kN);
@@ -515,8 +528,8 @@ TEST(SubsetAdc, SearchesOnlyTheSubsetAndMatchesBruteForce) {
     // The engine searches on its 2 threads and leaves the caller's count (the model's, when a
     // decoder calls) as it found it.
     omp_set_num_threads(1);
-    ASSERT_OK_AND_ASSIGN(SubsetResult r,
-                         adc->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, kK));
+    ASSERT_OK_AND_ASSIGN(SubsetResult r, adc->SearchSubset({f.queries.data(), 6, 32},
+                                                           ShareGroups(groups), row_group, kK));
     EXPECT_EQ(omp_get_max_threads(), 1);
     results.push_back(std::move(r));
   }
@@ -573,10 +586,10 @@ TEST(SubsetAdc, BeamSharingEqualsSeparateGroups) {
   SubsetGroups separate(11, subset);
   std::vector<int32_t> all_zero(11, 0), own(11);
   for (int i = 0; i < 11; ++i) own[i] = i;
-  ASSERT_OK_AND_ASSIGN(SubsetResult a,
-                       adc->SearchSubset({f.queries.data(), 11, 32}, shared, all_zero, 7));
-  ASSERT_OK_AND_ASSIGN(SubsetResult b,
-                       adc->SearchSubset({f.queries.data(), 11, 32}, separate, own, 7));
+  ASSERT_OK_AND_ASSIGN(SubsetResult a, adc->SearchSubset({f.queries.data(), 11, 32},
+                                                         ShareGroups(shared), all_zero, 7));
+  ASSERT_OK_AND_ASSIGN(
+      SubsetResult b, adc->SearchSubset({f.queries.data(), 11, 32}, ShareGroups(separate), own, 7));
   EXPECT_EQ(a.neighbors.ids, b.neighbors.ids);
   EXPECT_EQ(a.neighbors.distances, b.neighbors.distances);
   EXPECT_EQ(a.vectors_scanned * 11, b.vectors_scanned);
@@ -593,7 +606,7 @@ absl::StatusOr<std::vector<SubsetResult>> SearchWithEveryKernel(
     SubsetCodes codes{codebook.m, 0, 0, offsets, code_bytes};
     ASSIGN_OR_RETURN(auto adc,
                      SubsetAdc::Create(codebook, metric, std::move(codes), {threads, kernel}));
-    ASSIGN_OR_RETURN(SubsetResult r, adc->SearchSubset(queries, groups, row_group, k));
+    ASSIGN_OR_RETURN(SubsetResult r, adc->SearchSubset(queries, ShareGroups(groups), row_group, k));
     results.push_back(std::move(r));
   }
   return results;
@@ -673,8 +686,8 @@ TEST(SubsetAdc, DegenerateTablesKeepEveryVector) {
     SubsetCodes codes{kM, 0, 0, offsets, code_bytes};
     ASSERT_OK_AND_ASSIGN(auto adc,
                          SubsetAdc::Create(codebook, Metric::kL2, std::move(codes), {1, kernel}));
-    ASSERT_OK_AND_ASSIGN(SubsetResult r,
-                         adc->SearchSubset({queries.data(), 3, kDim}, groups, {0, 0, 0}, 10));
+    ASSERT_OK_AND_ASSIGN(SubsetResult r, adc->SearchSubset({queries.data(), 3, kDim},
+                                                           ShareGroups(groups), {0, 0, 0}, 10));
     for (int row = 0; row < 3; ++row) {
       for (int j = 0; j < 10; ++j) {
         // Sentence 3 holds tokens 21..27, sentence 40 tokens 280..286.
@@ -714,16 +727,22 @@ TEST(SubsetAdc, UnboundedTablesAnswerAsTheExactScan) {
   ExpectSameAnswers(results);
 }
 
-// Packed subsets kept between calls change no answer: repeated and interleaved groups, with a
-// cache large enough for all of them, one so small that every insertion evicts the previous
-// entry, one too small for any subset (each is packed in the thread's own buffer), and none, all
-// equal the exact scan call after call.
-TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
-  PqFixture f;
+// 3000 PQ codes of MakePq (L2, `nq` queries) in 200 sentences of 15 tokens: their offsets.
+std::vector<int64_t> MakeSentencePq(PqFixture& f, int nq) {
   constexpr int64_t kN = 3000;
-  MakePq(Metric::kL2, f, kN, 6);
+  MakePq(Metric::kL2, f, kN, nq);
   std::vector<int64_t> offsets;
   for (int64_t o = 0; o <= kN; o += 15) offsets.push_back(o);
+  return offsets;
+}
+
+// Packed subsets kept between calls change no answer: repeated and interleaved groups, held for
+// the whole test or by nobody after their call, with a cache large enough for all of them, one so
+// small that every insertion evicts the previous entry, one too small for any subset (each is
+// packed in the thread's own buffer), and none, all equal the exact scan call after call.
+TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
+  PqFixture f;
+  const std::vector<int64_t> offsets = MakeSentencePq(f, 6);
   auto exact = AdcFor(f.index, Metric::kL2, offsets, AdcKernel::kScalar);
   PqCodebook codebook{8, 4, f.index.pq.centroids};
   std::vector<std::unique_ptr<SubsetAdc>> cached;
@@ -733,21 +752,65 @@ TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
                                                      {1, AdcKernel::kQuantizedScalar, bytes}));
     cached.push_back(std::move(adc));
   }
-  const std::vector<SubsetGroups> calls = {
-      {{1, 5, 9}, {40, 41, 42, 43}}, {{1, 5, 9}, {40, 41, 42, 43}}, {{2, 5, 9}, {1, 5, 9}},
-      {{40, 41, 42, 43}, {7}},       {{1, 5, 9}, {199, 0}},         {{2, 5, 9}, {40, 41, 42, 43}}};
+  // Held for the whole test, except the odd calls' groups, which nobody holds after their call
+  // (their subsets are dropped by later calls, or found again by equal groups).
+  std::vector<std::shared_ptr<const SubsetGroups>> held;
+  for (SubsetGroups groups : std::vector<SubsetGroups>{{{1, 5, 9}, {40, 41, 42, 43}},
+                                                       {{1, 5, 9}, {40, 41, 42, 43}},
+                                                       {{2, 5, 9}, {1, 5, 9}},
+                                                       {{40, 41, 42, 43}, {7}},
+                                                       {{1, 5, 9}, {199, 0}},
+                                                       {{2, 5, 9}, {40, 41, 42, 43}}}) {
+    held.push_back(ShareGroups(std::move(groups)));
+  }
   const std::vector<int32_t> row_group = {0, 1, 0, 1, 1, 0};
-  for (size_t c = 0; c < calls.size(); ++c) {
+  for (size_t c = 0; c < held.size(); ++c) {
+    const std::shared_ptr<const SubsetGroups> groups = c % 2 == 1 ? ShareGroups(*held[c]) : held[c];
     ASSERT_OK_AND_ASSIGN(SubsetResult want,
-                         exact->SearchSubset({f.queries.data(), 6, 32}, calls[c], row_group, 9));
+                         exact->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, 9));
     for (const auto& adc : cached) {
       ASSERT_OK_AND_ASSIGN(SubsetResult got,
-                           adc->SearchSubset({f.queries.data(), 6, 32}, calls[c], row_group, 9));
+                           adc->SearchSubset({f.queries.data(), 6, 32}, groups, row_group, 9));
       EXPECT_EQ(got.neighbors.ids, want.neighbors.ids) << "call " << c;
       EXPECT_EQ(got.neighbors.distances, want.neighbors.distances) << "call " << c;
       EXPECT_EQ(got.vectors_scanned, want.vectors_scanned) << "call " << c;
     }
   }
+}
+
+// A session's packed subsets stay cached while its groups are held, and once nobody holds them
+// the next subsets packed take their place instead of growing the cache towards its bound.
+TEST(SubsetAdc, DropsThePackedSubsetsOfGroupsNobodyHolds) {
+  PqFixture f;
+  const std::vector<int64_t> offsets = MakeSentencePq(f, 3);
+  PqCodebook codebook{8, 4, f.index.pq.centroids};
+  auto create = [&] {
+    return SubsetAdc::Create(codebook, Metric::kL2, {8, 0, 0, offsets, f.index.codes},
+                             {1, AdcKernel::kQuantizedScalar, size_t{256} << 20});
+  };
+  ASSERT_OK_AND_ASSIGN(auto adc, create());
+  auto search = [&](const SubsetAdc& engine, const std::shared_ptr<const SubsetGroups>& groups) {
+    const std::vector<int32_t> row_group = {0, static_cast<int32_t>(groups->size()) - 1, 0};
+    return engine.SearchSubset({f.queries.data(), 3, 32}, groups, row_group, 5).status();
+  };
+
+  std::shared_ptr<const SubsetGroups> first = ShareGroups({{1, 5, 9}, {40, 41, 42, 43}});
+  ASSERT_OK(search(*adc, first));
+  const size_t first_bytes = adc->packed_bytes_cached();
+  EXPECT_GT(first_bytes, 0);
+  const std::shared_ptr<const SubsetGroups> second = ShareGroups({{100, 101}, {7, 150}});
+  ASSERT_OK(search(*adc, second));
+  const size_t both_bytes = adc->packed_bytes_cached();
+  EXPECT_GT(both_bytes, first_bytes);  // the first session's subsets are kept while it lasts
+  ASSERT_OK(search(*adc, first));
+  EXPECT_EQ(adc->packed_bytes_cached(), both_bytes);  // and found again, nothing packed anew
+
+  first.reset();  // the first session ends
+  const std::shared_ptr<const SubsetGroups> third = ShareGroups({{190, 191, 192}});
+  ASSERT_OK(search(*adc, third));
+  ASSERT_OK_AND_ASSIGN(auto alone, create());
+  ASSERT_OK(search(*alone, third));
+  EXPECT_EQ(adc->packed_bytes_cached(), both_bytes - first_bytes + alone->packed_bytes_cached());
 }
 
 // IVF-PQ lists with random codebooks and codes (the search is exact whatever the training):
@@ -988,9 +1051,9 @@ TEST(SubsetAdc, RejectsInconsistentInput) {
   ASSERT_OK_AND_ASSIGN(auto adc,
                        SubsetAdc::Create(codebook, Metric::kL2, {2, 0, 0, {0, 1}, {1, 2}}, {}));
   std::vector<float> q(4);
-  EXPECT_THAT(adc->SearchSubset({q.data(), 1, 4}, {{0}}, std::vector<int32_t>{1}, 1),
+  EXPECT_THAT(adc->SearchSubset({q.data(), 1, 4}, ShareGroups({{0}}), std::vector<int32_t>{1}, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subset group 1")));
-  EXPECT_THAT(adc->SearchSubset({q.data(), 1, 3}, {{0}}, std::vector<int32_t>{0}, 1),
+  EXPECT_THAT(adc->SearchSubset({q.data(), 1, 3}, ShareGroups({{0}}), std::vector<int32_t>{0}, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimension 3")));
 }
 

@@ -93,10 +93,12 @@ TEST(CudaSubsetAdc, EqualsTheCpuExactScanBitForBit) {
         for (int k : {1, 7, 64, 1000, 3000}) {
           SCOPED_TRACE(
               absl::StrCat("m=", m, " ", MetricName(metric), " k=", k, ties ? " ties" : ""));
-          ASSERT_OK_AND_ASSIGN(SubsetResult want,
-                               cpu->SearchSubset(f.query_view(), f.groups, f.row_group, k));
-          ASSERT_OK_AND_ASSIGN(SubsetResult got,
-                               gpu->SearchSubset(f.query_view(), f.groups, f.row_group, k));
+          ASSERT_OK_AND_ASSIGN(
+              SubsetResult want,
+              cpu->SearchSubset(f.query_view(), ShareGroups(f.groups), f.row_group, k));
+          ASSERT_OK_AND_ASSIGN(
+              SubsetResult got,
+              gpu->SearchSubset(f.query_view(), ShareGroups(f.groups), f.row_group, k));
           ExpectSameAnswer(got, want);
         }
       }
@@ -114,14 +116,14 @@ TEST(CudaSubsetAdc, ConcurrentCallsAnswerAsALoneCall) {
       SubsetAdc::Create(f.codebook, Metric::kL2, f.codes, {1, AdcKernel::kScalar}));
   ASSERT_OK_AND_ASSIGN(auto gpu, CudaSubsetAdc::Create(cpu));
   ASSERT_OK_AND_ASSIGN(SubsetResult want,
-                       cpu->SearchSubset(f.query_view(), f.groups, f.row_group, 32));
+                       cpu->SearchSubset(f.query_view(), ShareGroups(f.groups), f.row_group, 32));
   std::vector<std::thread> threads;
   std::vector<SubsetResult> got(4 * 8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int c = 0; c < 8; ++c) {
         absl::StatusOr<SubsetResult> r =
-            gpu->SearchSubset(f.query_view(), f.groups, f.row_group, 32);
+            gpu->SearchSubset(f.query_view(), ShareGroups(f.groups), f.row_group, 32);
         if (r.ok()) got[t * 8 + c] = *std::move(r);
       }
     });
@@ -137,11 +139,11 @@ TEST(CudaSubsetAdc, RejectsWhatTheCpuEngineRejects) {
                        SubsetAdc::Create(codebook, Metric::kL2, {2, 0, 0, {0, 1}, {1, 2}}, {}));
   ASSERT_OK_AND_ASSIGN(auto gpu, CudaSubsetAdc::Create(cpu));
   std::vector<float> q(4);
-  EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 4}, {{0}}, std::vector<int32_t>{1}, 1),
+  EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 4}, ShareGroups({{0}}), std::vector<int32_t>{1}, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("subset group 1")));
-  EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 3}, {{0}}, std::vector<int32_t>{0}, 1),
+  EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 3}, ShareGroups({{0}}), std::vector<int32_t>{0}, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dimension 3")));
-  EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 4}, {{0}}, std::vector<int32_t>{0}, 0),
+  EXPECT_THAT(gpu->SearchSubset({q.data(), 1, 4}, ShareGroups({{0}}), std::vector<int32_t>{0}, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k")));
 }
 

@@ -59,10 +59,10 @@ absl::StatusOr<std::unique_ptr<CudaSubsetAdc>> CudaSubsetAdc::Create(
   return gpu;
 }
 
-absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(MatrixView<const float> queries,
-                                                         const SubsetGroups& groups,
-                                                         absl::Span<const int32_t> row_group,
-                                                         int k) const {
+absl::StatusOr<SubsetResult> CudaSubsetAdc::SearchSubset(
+    MatrixView<const float> queries, const std::shared_ptr<const SubsetGroups>& shared_groups,
+    absl::Span<const int32_t> row_group, int k) const {
+  const SubsetGroups& groups = *shared_groups;
   const PqCodebook& codebook = cpu_->codebook();
   RETURN_IF_ERROR(CheckSubsetSearch(codebook.dim(), queries, groups, row_group, k));
   const GroupRanges ranges = UsedGroupRanges(cpu_->codes(), groups, row_group);

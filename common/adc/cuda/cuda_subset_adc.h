@@ -24,7 +24,7 @@ class CudaSubsetAdc : public SubsetSearcher {
 
   // As SubsetAdc::SearchSubset.
   absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
-                                            const SubsetGroups& groups,
+                                            const std::shared_ptr<const SubsetGroups>& groups,
                                             absl::Span<const int32_t> row_group,
                                             int k) const override;
 
