@@ -296,7 +296,7 @@ absl::StatusOr<SubsetResult> SubsetAdc::SearchSubset(
         const int32_t g = active[a];
         scanned +=
             IsQuantized(options_.kernel)
-                ? SearchGroupQuantized(queries, shared_groups, g, group_rows[g], k, scratch,
+                ? SearchGroupQuantized(queries, groups[g], shared_groups, group_rows[g], k, scratch,
                                        result.neighbors)
                 : SearchGroup(queries, groups[g], group_rows[g], k, scratch, result.neighbors);
       });
@@ -398,11 +398,12 @@ std::shared_ptr<const SubsetAdc::PackedSubset> SubsetAdc::Packed(
 }
 
 int64_t SubsetAdc::SearchGroupQuantized(MatrixView<const float> queries,
-                                        const std::shared_ptr<const SubsetGroups>& groups,
-                                        int32_t group, absl::Span<const int64_t> rows, int k,
-                                        Scratch& scratch, Neighbors& out) const {
-  SubsetRanges(codes_, (*groups)[group], scratch.ranges);
-  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges, groups, scratch);
+                                        absl::Span<const int64_t> sentences,
+                                        const std::shared_ptr<const SubsetGroups>& owner,
+                                        absl::Span<const int64_t> rows, int k, Scratch& scratch,
+                                        Neighbors& out) const {
+  SubsetRanges(codes_, sentences, scratch.ranges);
+  const std::shared_ptr<const PackedSubset> packed = Packed(scratch.ranges, owner, scratch);
   const int64_t n = packed->size();
   const int m = codebook_.m;
   const size_t lut_size = static_cast<size_t>(m) * kLutSize;

@@ -127,13 +127,14 @@ class SubsetAdc : public SubsetSearcher {
   std::shared_ptr<const PackedSubset> Packed(const Ranges& ranges,
                                              const std::shared_ptr<const SubsetGroups>& owner,
                                              Scratch& scratch) const;
-  // Searches the rows of one group into `out`; returns the number of codes scanned. The exact
-  // float scan, and the quantized two-stage scan (for IsQuantized kernels).
+  // Searches the rows of one group (its sentences) into `out`; returns the number of codes
+  // scanned. The exact float scan, and the quantized two-stage scan (for IsQuantized kernels),
+  // whose packed subset is cached for `owner` (the groups `sentences` belongs to).
   int64_t SearchGroup(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
                       absl::Span<const int64_t> rows, int k, Scratch& scratch,
                       Neighbors& out) const;
-  int64_t SearchGroupQuantized(MatrixView<const float> queries,
-                               const std::shared_ptr<const SubsetGroups>& groups, int32_t group,
+  int64_t SearchGroupQuantized(MatrixView<const float> queries, absl::Span<const int64_t> sentences,
+                               const std::shared_ptr<const SubsetGroups>& owner,
                                absl::Span<const int64_t> rows, int k, Scratch& scratch,
                                Neighbors& out) const;
   // Stage 2 of one query: the k nearest of filter's survivors into heap (OfferBounded's form),
