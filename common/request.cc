@@ -228,7 +228,7 @@ absl::StatusOr<SearchQuery> ParseSearchRequest(const v1::SearchRequest& request,
   if (request.subset_groups_size() > 0) {
     ASSIGN_OR_RETURN(SubsetGroups groups,
                      ParseSubsetGroups(request.subset_groups(), shape, limits));
-    query.subset_groups = std::make_shared<const SubsetGroups>(std::move(groups));
+    query.subset_groups = ShareGroups(std::move(groups));
     query.declares_groups = true;
   } else if (!query.subset_session.empty()) {
     if (subsets.sessions != nullptr) {

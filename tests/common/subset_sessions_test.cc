@@ -14,7 +14,7 @@ namespace {
 std::shared_ptr<const SubsetGroups> Groups(int sentences) {
   SubsetGroups groups(1);
   for (int i = 0; i < sentences; ++i) groups[0].push_back(i);
-  return std::make_shared<const SubsetGroups>(std::move(groups));
+  return ShareGroups(std::move(groups));
 }
 
 // What a session of one group of `sentences` ids is charged.
