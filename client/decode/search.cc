@@ -230,9 +230,8 @@ class BeamBatch {
         beam_(options.beam_size),
         max_len_(MaxLengths(model, src_tokens, options)),
         encoder_out_(model->Encode(src_tokens)),
-        state_(model->InitDecoderState(encoder_out_)) {
+        state_(model->InitDecoderState(encoder_out_, beam_)) {
     const int64_t batch = src_tokens.size(0);
-    model::ReorderDecoderState(state_, torch::arange(batch, torch::kLong).repeat_interleave(beam_));
     finished_.resize(batch);
     alive_.resize(batch);
     std::iota(alive_.begin(), alive_.end(), 0);
@@ -256,6 +255,7 @@ class BeamBatch {
 
     std::vector<Row> next_rows;
     std::vector<int64_t> source_rows, next_tokens, next_alive;
+    std::vector<int64_t> kept;  // the positions in alive_ of next_alive's sentences
     for (size_t s = 0; s < alive_.size(); ++s) {
       const int64_t sentence = alive_[s];
       std::vector<Hypothesis>& done = finished_[sentence];
@@ -298,18 +298,17 @@ class BeamBatch {
         next_tokens.push_back(next_tokens.back());
       }
       next_alive.push_back(sentence);
+      kept.push_back(static_cast<int64_t>(s));
     }
     if (next_alive.empty()) {
       alive_.clear();
       return;
     }
-    // Hypotheses move only within their sentence, whose rows share the encoder states: those
-    // are copied only when a sentence has left the batch.
-    const torch::Tensor reorder = torch::tensor(source_rows, torch::kLong);
-    if (next_alive.size() == alive_.size()) {
-      model::ReorderSelfAttentionState(state_, reorder);
-    } else {
-      model::ReorderDecoderState(state_, reorder);
+    // Hypotheses move only within their sentence, whose beam shares one copy of its encoder
+    // states: those are selected only when a sentence has left the batch.
+    model::ReorderSelfAttentionState(state_, torch::tensor(source_rows, torch::kLong));
+    if (next_alive.size() != alive_.size()) {
+      model::SelectEncoderStates(state_, torch::tensor(kept, torch::kLong));
     }
     rows_ = std::move(next_rows);
     last_ = torch::tensor(next_tokens, torch::kLong);

@@ -4,6 +4,8 @@
 #include <limits>
 #include <unordered_set>
 
+#include "client/model/attention.h"
+
 namespace knnserve::model {
 namespace {
 
@@ -103,8 +105,15 @@ torch::Tensor MultiheadAttentionImpl::Attend(const torch::Tensor& query, const t
   const int64_t batch = query.size(0);
   const int64_t q_len = query.size(1);
   const int64_t k_len = k.size(2);
-  torch::Tensor q =
-      SplitHeads(q_proj->forward(query) * std::pow(static_cast<double>(head_dim_), -0.5));
+  const torch::Tensor scaled_q =
+      q_proj->forward(query) * std::pow(static_cast<double>(head_dim_), -0.5);
+  if (!causal && !(is_training() && dropout_ > 0)) {
+    const torch::Tensor heads_q = scaled_q.view({batch, q_len, heads_, head_dim_});
+    if (CanAttendFewQueries(heads_q, k, v, key_padding_mask)) {
+      return out_proj->forward(AttendFewQueries(heads_q, k, v, key_padding_mask));
+    }
+  }
+  torch::Tensor q = SplitHeads(scaled_q);
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1));  // [batch, heads, q, k]
   const float neg_inf = -std::numeric_limits<float>::infinity();
   if (key_padding_mask.defined()) {
@@ -165,7 +174,8 @@ DecoderLayerImpl::DecoderLayerImpl(const TransformerConfig& config) : config_(co
 }
 
 torch::Tensor DecoderLayerImpl::forward(torch::Tensor x, const EncoderOutput& encoder_out,
-                                        DecoderState::Layer* cache, torch::Tensor* ffn_in) {
+                                        DecoderState::Layer* cache, int64_t rows_per_source,
+                                        torch::Tensor* ffn_in) {
   const bool pre = config_.decoder_normalize_before;
   const bool training = is_training();
 
@@ -187,17 +197,30 @@ torch::Tensor DecoderLayerImpl::forward(torch::Tensor x, const EncoderOutput& en
 
   residual = x;
   if (pre) x = encoder_attn_layer_norm->forward(x);
-  torch::Tensor enc_k =
-      cache != nullptr ? cache->enc_k : encoder_attn->ProjectKey(encoder_out.states);
-  torch::Tensor enc_v =
-      cache != nullptr ? cache->enc_v : encoder_attn->ProjectValue(encoder_out.states);
-  const torch::Tensor& enc_mask =
-      cache != nullptr ? cache->enc_padding_mask : encoder_out.padding_mask;
-  x = encoder_attn->Attend(x, enc_k, enc_v, enc_mask, /*causal=*/false);
+  if (cache != nullptr) {
+    x = AttendSharedEncoder(x, *cache, rows_per_source);
+  } else {
+    x = encoder_attn->Attend(x, encoder_attn->ProjectKey(encoder_out.states),
+                             encoder_attn->ProjectValue(encoder_out.states),
+                             encoder_out.padding_mask, /*causal=*/false);
+  }
   x = residual + torch::dropout(x, config_.dropout, training);
   if (!pre) x = encoder_attn_layer_norm->forward(x);
 
   return FeedForward(x, ffn_in);
+}
+
+// The rows that share an encoder row are that row's queries: [rows, 1, d] is attended as
+// [rows / G, G, d], each of the G queries on its own (no mask between them), so the encoder
+// keys and values are read once per group instead of once per row.
+torch::Tensor DecoderLayerImpl::AttendSharedEncoder(const torch::Tensor& x,
+                                                    const DecoderState::Layer& cache,
+                                                    int64_t rows_per_source) {
+  const int64_t sources = cache.enc_k.size(0);
+  const torch::Tensor queries = x.reshape({sources, rows_per_source, x.size(2)});
+  return encoder_attn
+      ->Attend(queries, cache.enc_k, cache.enc_v, cache.enc_padding_mask, /*causal=*/false)
+      .reshape({x.size(0), 1, x.size(2)});
 }
 
 torch::Tensor DecoderLayerImpl::FeedForward(torch::Tensor x, torch::Tensor* ffn_in) {
@@ -285,8 +308,10 @@ DecoderOutput TransformerDecoderImpl::forward(const torch::Tensor& prev_tokens,
              with_logits);
 }
 
-DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out) {
+DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out,
+                                               int64_t rows_per_source) {
   DecoderState state;
+  state.rows_per_source = rows_per_source;
   for (const auto& module : *layers) {
     auto layer = module->as<DecoderLayer>();
     DecoderState::Layer cache;
@@ -315,6 +340,7 @@ DecoderOutput TransformerDecoderImpl::Run(torch::Tensor x, const EncoderOutput& 
   for (size_t i = 0; i < num_layers; ++i) {
     DecoderState::Layer* cache = state != nullptr ? &state->layers[i] : nullptr;
     x = layers[i]->as<DecoderLayer>()->forward(x, encoder_out, cache,
+                                               state != nullptr ? state->rows_per_source : 1,
                                                i + 1 == num_layers ? &out.ffn_in : nullptr);
   }
   if (layer_norm) x = layer_norm->forward(x);
@@ -364,6 +390,10 @@ torch::Tensor AverageEncoderStates(const EncoderOutput& encoder_out) {
 
 void ReorderDecoderState(DecoderState& state, const torch::Tensor& index) {
   ReorderSelfAttentionState(state, index);
+  SelectEncoderStates(state, index);
+}
+
+void SelectEncoderStates(DecoderState& state, const torch::Tensor& index) {
   for (DecoderState::Layer& layer : state.layers) {
     for (torch::Tensor* t : {&layer.enc_k, &layer.enc_v, &layer.enc_padding_mask}) {
       if (t->defined()) *t = t->index_select(0, index);

@@ -1,9 +1,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "client/model/attention.h"
 #include "client/model/transformer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -104,10 +107,9 @@ TEST_P(IncrementalDecodingTest, StepwiseOutputsEqualFullRecomputation) {
     ASSERT_EQ(step.logits.size(1), 1);
     EXPECT_LT((step.logits.squeeze(1) - full.logits.select(1, t)).abs().max().item<float>(), 1e-5)
         << "step " << t;
-    EXPECT_LT(
-        (step.features.squeeze(1) - full.features.select(1, t)).abs().max().item<float>(), 1e-5);
-    EXPECT_LT((step.ffn_in.squeeze(1) - full.ffn_in.select(1, t)).abs().max().item<float>(),
+    EXPECT_LT((step.features.squeeze(1) - full.features.select(1, t)).abs().max().item<float>(),
               1e-5);
+    EXPECT_LT((step.ffn_in.squeeze(1) - full.ffn_in.select(1, t)).abs().max().item<float>(), 1e-5);
   }
   EXPECT_EQ(state.step, prev.size(1));
   EXPECT_EQ(state.layers[0].self_k.size(2), prev.size(1));
@@ -117,8 +119,8 @@ INSTANTIATE_TEST_SUITE_P(
     Variants, IncrementalDecodingTest,
     ::testing::Values(TinyModelOptions{}, TinyModelOptions{.pre_norm = true},
                       TinyModelOptions{.learned_positions = true, .tied = false},
-                      TinyModelOptions{.pre_norm = true, .layernorm_embedding = true,
-                                       .activation = "gelu"}));
+                      TinyModelOptions{
+                          .pre_norm = true, .layernorm_embedding = true, .activation = "gelu"}));
 
 TEST(TransformerTest, ReorderedDecoderStateContinuesTheSelectedRows) {
   torch::NoGradGuard no_grad;
@@ -136,6 +138,106 @@ TEST(TransformerTest, ReorderedDecoderStateContinuesTheSelectedRows) {
   DecoderOutput step = model->DecodeStep(torch::tensor({10, 10}, torch::kLong), encoder_out, state);
   for (int64_t r = 0; r < 2; ++r) {
     EXPECT_LT((step.logits[r][0] - full.logits[1][2]).abs().max().item<float>(), 1e-5);
+  }
+}
+
+// A beam's rows reading one copy of their sentence's encoder states (rows_per_source = 3) decode
+// what rows with a copy each decode, also after a sentence leaves and the rest are reordered.
+TEST(TransformerTest, SharedEncoderStatesEqualOneCopyPerRow) {
+  torch::NoGradGuard no_grad;
+  TransformerModel model = TinyModel();
+  constexpr int64_t kBeam = 3;
+  EncoderOutput encoder_out = model->Encode(RandomSources({6, 3, 5}, 40));
+  const torch::Tensor expand = torch::arange(3, torch::kLong).repeat_interleave(kBeam);
+  DecoderState shared = model->InitDecoderState(encoder_out, kBeam);
+  DecoderState copied = model->InitDecoderState(encoder_out);
+  ReorderDecoderState(copied, expand);
+  torch::manual_seed(5);
+  const torch::Tensor tokens = torch::randint(4, 40, {3 * kBeam, 4});
+  for (int64_t t = 0; t < 2; ++t) {
+    const DecoderOutput a = model->DecodeStep(tokens.select(1, t), encoder_out, shared);
+    const DecoderOutput b = model->DecodeStep(tokens.select(1, t), encoder_out, copied);
+    EXPECT_LT((a.logits - b.logits).abs().max().item<float>(), 1e-5) << "step " << t;
+  }
+  // Sentence 1 leaves; sentence 2's rows swap hypotheses, sentence 0's keep theirs.
+  const torch::Tensor rows = torch::tensor({0, 1, 2, 8, 6, 7}, torch::kLong);
+  ReorderSelfAttentionState(shared, rows);
+  SelectEncoderStates(shared, torch::tensor({0, 2}, torch::kLong));
+  ReorderDecoderState(copied, rows);
+  EXPECT_EQ(shared.layers[0].enc_k.size(0), 2);
+  const torch::Tensor next = tokens.select(1, 2).index_select(0, rows);
+  const DecoderOutput a = model->DecodeStep(next, encoder_out, shared);
+  const DecoderOutput b = model->DecodeStep(next, encoder_out, copied);
+  EXPECT_LT((a.logits - b.logits).abs().max().item<float>(), 1e-5);
+}
+
+// The reference: softmax(q kᵀ) v through matmul, masked keys at −inf.
+torch::Tensor MatmulAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& mask) {
+  torch::Tensor scores = torch::matmul(q.transpose(1, 2), k.transpose(-2, -1));  // [B, H, Lq, Lk]
+  if (mask.defined()) {
+    scores = scores.masked_fill(mask.view({mask.size(0), 1, 1, mask.size(1)}),
+                                -std::numeric_limits<float>::infinity());
+  }
+  return torch::matmul(torch::softmax(scores, -1), v)
+      .transpose(1, 2)
+      .reshape({q.size(0), q.size(1), -1});
+}
+
+TEST(FewQueryAttention, EqualsTheMatmulForm) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  for (const int64_t queries : {1, 5}) {
+    for (const int64_t head_dim : {64, 13}) {
+      const int64_t batch = 4, heads = 3, keys = 9;
+      const torch::Tensor q = torch::randn({batch, queries, heads, head_dim});
+      // Keys as the caches hold them: a transposed projection [B, Lk, H, dh] and a slice of a
+      // longer buffer.
+      const torch::Tensor k = torch::randn({batch, keys, heads, head_dim}).transpose(1, 2);
+      const torch::Tensor v = torch::randn({batch, heads, keys + 4, head_dim}).narrow(2, 2, keys);
+      torch::Tensor mask = torch::zeros({batch, keys}, torch::kBool);
+      mask[1].narrow(0, 6, 3).fill_(true);
+      mask[3][0] = true;
+      for (const torch::Tensor& m : {torch::Tensor(), mask}) {
+        ASSERT_TRUE(CanAttendFewQueries(q, k, v, m));
+        const torch::Tensor got = AttendFewQueries(q, k, v, m);
+        ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{batch, queries, heads * head_dim}));
+        EXPECT_LT((got - MatmulAttention(q, k, v, m)).abs().max().item<float>(), 1e-5)
+            << queries << " queries, head_dim " << head_dim << (m.defined() ? ", masked" : "");
+      }
+    }
+  }
+}
+
+TEST(FewQueryAttention, ARowsOutputDoesNotDependOnTheOtherRows) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(12);
+  const torch::Tensor q = torch::randn({40, 5, 4, 64});
+  const torch::Tensor k = torch::randn({40, 4, 30, 64});
+  const torch::Tensor v = torch::randn({40, 4, 30, 64});
+  const torch::Tensor all = AttendFewQueries(q, k, v, torch::Tensor());
+  const torch::Tensor one =
+      AttendFewQueries(q.narrow(0, 17, 1), k.narrow(0, 17, 1), v.narrow(0, 17, 1), torch::Tensor());
+  EXPECT_TRUE(torch::equal(all.narrow(0, 17, 1), one));
+}
+
+TEST(FewQueryAttention, TakesOnlyWhatItComputes) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor q = torch::randn({2, 1, 2, 8});
+  const torch::Tensor k = torch::randn({2, 2, 5, 8});
+  EXPECT_TRUE(CanAttendFewQueries(q, k, k, torch::Tensor()));
+  EXPECT_FALSE(CanAttendFewQueries(q.to(torch::kDouble), k.to(torch::kDouble), k.to(torch::kDouble),
+                                   torch::Tensor()));
+  EXPECT_FALSE(
+      CanAttendFewQueries(torch::randn({2, kMaxFewQueries + 1, 2, 8}), k, k, torch::Tensor()));
+  EXPECT_FALSE(CanAttendFewQueries(q, k.transpose(2, 3).contiguous().transpose(2, 3), k,
+                                   torch::Tensor()));  // keys strided along dh
+  EXPECT_FALSE(CanAttendFewQueries(q, k, k, torch::zeros({2, 4}, torch::kBool)));
+  EXPECT_FALSE(CanAttendFewQueries(q, k, k, torch::zeros({2, 5})));  // not bool
+  torch::Tensor trained = k.clone().set_requires_grad(true);
+  {
+    torch::AutoGradMode grad(true);
+    EXPECT_FALSE(CanAttendFewQueries(q, trained, k, torch::Tensor()));
   }
 }
 
