@@ -39,8 +39,8 @@ bool CanAttendFewQueries(const torch::Tensor& q, const torch::Tensor& k, const t
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   const int64_t batch = q.size(0), heads = q.size(2), head_dim = q.size(3);
   if (q.size(1) < 1 || q.size(1) > kMaxFewQueries) return false;
-  if (k.sizes() != v.sizes() || k.size(0) != batch || k.size(1) != heads || k.size(3) != head_dim ||
-      k.stride(3) != 1 || v.stride(3) != 1) {
+  if (k.sizes() != v.sizes() || k.size(0) != batch || k.size(1) != heads || k.size(2) < 1 ||
+      k.size(3) != head_dim || k.stride(3) != 1 || v.stride(3) != 1) {
     return false;
   }
   if (key_padding_mask.defined()) {

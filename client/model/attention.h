@@ -19,8 +19,8 @@ namespace knnserve::model {
 inline constexpr int64_t kMaxFewQueries = 16;
 
 // Whether AttendFewQueries computes this attention: CPU float32 tensors that need no gradient;
-// q [B, Lq, H, dh] with 1 <= Lq <= kMaxFewQueries; k and v [B, H, Lk, dh] with unit stride
-// along dh; key_padding_mask undefined or [B, Lk] bool.
+// q [B, Lq, H, dh] with 1 <= Lq <= kMaxFewQueries; k and v [B, H, Lk, dh] with Lk >= 1 and unit
+// stride along dh; key_padding_mask undefined or [B, Lk] bool.
 bool CanAttendFewQueries(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          const torch::Tensor& key_padding_mask);
 

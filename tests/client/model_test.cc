@@ -232,6 +232,8 @@ TEST(FewQueryAttention, TakesOnlyWhatItComputes) {
       CanAttendFewQueries(torch::randn({2, kMaxFewQueries + 1, 2, 8}), k, k, torch::Tensor()));
   EXPECT_FALSE(CanAttendFewQueries(q, k.transpose(2, 3).contiguous().transpose(2, 3), k,
                                    torch::Tensor()));  // keys strided along dh
+  const torch::Tensor no_keys = torch::randn({2, 2, 0, 8});
+  EXPECT_FALSE(CanAttendFewQueries(q, no_keys, no_keys, torch::Tensor()));
   EXPECT_FALSE(CanAttendFewQueries(q, k, k, torch::zeros({2, 4}, torch::kBool)));
   EXPECT_FALSE(CanAttendFewQueries(q, k, k, torch::zeros({2, 5})));  // not bool
   torch::Tensor trained = k.clone().set_requires_grad(true);
