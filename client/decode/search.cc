@@ -230,7 +230,7 @@ class BeamBatch {
         beam_(options.beam_size),
         max_len_(MaxLengths(model, src_tokens, options)),
         encoder_out_(model->Encode(src_tokens)),
-        state_(model->InitDecoderState(encoder_out_, beam_)) {
+        state_(model->InitDecoderState(encoder_out_)) {
     const int64_t batch = src_tokens.size(0);
     finished_.resize(batch);
     alive_.resize(batch);

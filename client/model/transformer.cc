@@ -174,8 +174,7 @@ DecoderLayerImpl::DecoderLayerImpl(const TransformerConfig& config) : config_(co
 }
 
 torch::Tensor DecoderLayerImpl::forward(torch::Tensor x, const EncoderOutput& encoder_out,
-                                        DecoderState::Layer* cache, int64_t rows_per_source,
-                                        torch::Tensor* ffn_in) {
+                                        DecoderState::Layer* cache, torch::Tensor* ffn_in) {
   const bool pre = config_.decoder_normalize_before;
   const bool training = is_training();
 
@@ -198,7 +197,7 @@ torch::Tensor DecoderLayerImpl::forward(torch::Tensor x, const EncoderOutput& en
   residual = x;
   if (pre) x = encoder_attn_layer_norm->forward(x);
   if (cache != nullptr) {
-    x = AttendSharedEncoder(x, *cache, rows_per_source);
+    x = AttendSharedEncoder(x, *cache);
   } else {
     x = encoder_attn->Attend(x, encoder_attn->ProjectKey(encoder_out.states),
                              encoder_attn->ProjectValue(encoder_out.states),
@@ -214,10 +213,8 @@ torch::Tensor DecoderLayerImpl::forward(torch::Tensor x, const EncoderOutput& en
 // [rows / G, G, d], each of the G queries on its own (no mask between them), so the encoder
 // keys and values are read once per group instead of once per row.
 torch::Tensor DecoderLayerImpl::AttendSharedEncoder(const torch::Tensor& x,
-                                                    const DecoderState::Layer& cache,
-                                                    int64_t rows_per_source) {
-  const int64_t sources = cache.enc_k.size(0);
-  const torch::Tensor queries = x.reshape({sources, rows_per_source, x.size(2)});
+                                                    const DecoderState::Layer& cache) {
+  const torch::Tensor queries = x.reshape({cache.enc_k.size(0), -1, x.size(2)});
   return encoder_attn
       ->Attend(queries, cache.enc_k, cache.enc_v, cache.enc_padding_mask, /*causal=*/false)
       .reshape({x.size(0), 1, x.size(2)});
@@ -308,10 +305,8 @@ DecoderOutput TransformerDecoderImpl::forward(const torch::Tensor& prev_tokens,
              with_logits);
 }
 
-DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out,
-                                               int64_t rows_per_source) {
+DecoderState TransformerDecoderImpl::InitState(const EncoderOutput& encoder_out) {
   DecoderState state;
-  state.rows_per_source = rows_per_source;
   for (const auto& module : *layers) {
     auto layer = module->as<DecoderLayer>();
     DecoderState::Layer cache;
@@ -340,7 +335,6 @@ DecoderOutput TransformerDecoderImpl::Run(torch::Tensor x, const EncoderOutput& 
   for (size_t i = 0; i < num_layers; ++i) {
     DecoderState::Layer* cache = state != nullptr ? &state->layers[i] : nullptr;
     x = layers[i]->as<DecoderLayer>()->forward(x, encoder_out, cache,
-                                               state != nullptr ? state->rows_per_source : 1,
                                                i + 1 == num_layers ? &out.ffn_in : nullptr);
   }
   if (layer_norm) x = layer_norm->forward(x);

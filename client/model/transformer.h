@@ -51,19 +51,18 @@ struct DecoderOutput {
 // Cached keys/values of an incremental decode. Reorder with ReorderDecoderState when beams
 // are selected or finished rows dropped.
 //
-// Decoder rows come in groups of rows_per_source consecutive rows that read the same encoder
-// row: decoder row r attends to encoder row r / rows_per_source. Beam search sets it to the
-// beam size (InitState), so a sentence's hypotheses share one copy of its encoder keys and
+// The decoder rows may outnumber the encoder rows: with G = rows / encoder rows (a whole
+// number), decoder row r attends to encoder row r / G. Beam search feeds a beam of G
+// hypotheses per sentence of a fresh state, so they share one copy of its encoder keys and
 // values instead of one copy per hypothesis.
 struct DecoderState {
   struct Layer {
     torch::Tensor self_k, self_v;    // [rows, heads, steps so far, head_dim]
-    torch::Tensor enc_k, enc_v;      // [rows / rows_per_source, heads, src_len, head_dim]
-    torch::Tensor enc_padding_mask;  // [rows / rows_per_source, src_len], as enc_k
+    torch::Tensor enc_k, enc_v;      // [rows / G, heads, src_len, head_dim]
+    torch::Tensor enc_padding_mask;  // [rows / G, src_len], as enc_k
   };
   std::vector<Layer> layers;
-  int64_t step = 0;             // number of tokens already fed
-  int64_t rows_per_source = 1;  // >= 1
+  int64_t step = 0;  // number of tokens already fed
 };
 
 class MultiheadAttentionImpl : public torch::nn::Module {
@@ -107,9 +106,10 @@ class DecoderLayerImpl : public torch::nn::Module {
   explicit DecoderLayerImpl(const TransformerConfig& config);
   // Full (teacher-forced) pass when `cache` is null: x [batch, tgt_len, d], causal mask.
   // Incremental when `cache` is set: x [rows, 1, d]; appends to the cached self keys/values;
-  // rows_per_source as DecoderState's. `ffn_in` (may be null) receives the input of fc1.
+  // each cached encoder row serves rows / encoder rows of them (DecoderState). `ffn_in` (may be
+  // null) receives the input of fc1.
   torch::Tensor forward(torch::Tensor x, const EncoderOutput& encoder_out,
-                        DecoderState::Layer* cache, int64_t rows_per_source, torch::Tensor* ffn_in);
+                        DecoderState::Layer* cache, torch::Tensor* ffn_in);
 
   MultiheadAttention self_attn{nullptr}, encoder_attn{nullptr};
   torch::nn::LayerNorm self_attn_layer_norm{nullptr}, encoder_attn_layer_norm{nullptr},
@@ -118,8 +118,7 @@ class DecoderLayerImpl : public torch::nn::Module {
 
  private:
   torch::Tensor FeedForward(torch::Tensor x, torch::Tensor* ffn_in);
-  torch::Tensor AttendSharedEncoder(const torch::Tensor& x, const DecoderState::Layer& cache,
-                                    int64_t rows_per_source);
+  torch::Tensor AttendSharedEncoder(const torch::Tensor& x, const DecoderState::Layer& cache);
   const TransformerConfig config_;
 };
 TORCH_MODULE(DecoderLayer);
@@ -150,10 +149,9 @@ class TransformerDecoderImpl : public torch::nn::Module {
   // projection, a third of the decoder's work with an 8k vocabulary.
   DecoderOutput forward(const torch::Tensor& prev_tokens, const EncoderOutput& encoder_out,
                         bool with_logits = true);
-  // Incremental decoding: computes the encoder keys/values once. Each encoder row serves
-  // rows_per_source consecutive decoder rows (>= 1): Step then takes batch x rows_per_source
-  // tokens.
-  DecoderState InitState(const EncoderOutput& encoder_out, int64_t rows_per_source = 1);
+  // Incremental decoding: computes the encoder keys/values once. Step then takes batch x G
+  // tokens, G >= 1 consecutive decoder rows per encoder row (DecoderState).
+  DecoderState InitState(const EncoderOutput& encoder_out);
   // tokens [batch]: the last token of every row (EOS at step 0). Outputs have tgt_len == 1;
   // with_logits false leaves `logits` undefined (Logits computes them later).
   DecoderOutput Step(const torch::Tensor& tokens, const EncoderOutput& encoder_out,
@@ -189,8 +187,8 @@ class TransformerModelImpl : public torch::nn::Module {
                        bool with_logits = true) {
     return decoder->forward(prev_tokens, encoder_out, with_logits);
   }
-  DecoderState InitDecoderState(const EncoderOutput& encoder_out, int64_t rows_per_source = 1) {
-    return decoder->InitState(encoder_out, rows_per_source);
+  DecoderState InitDecoderState(const EncoderOutput& encoder_out) {
+    return decoder->InitState(encoder_out);
   }
   DecoderOutput DecodeStep(const torch::Tensor& tokens, const EncoderOutput& encoder_out,
                            DecoderState& state, bool with_logits = true) {
@@ -211,7 +209,7 @@ class TransformerModelImpl : public torch::nn::Module {
 TORCH_MODULE(TransformerModel);
 
 // Selects rows of every cached tensor: index [new_batch] int64 into the current batch.
-// REQUIRES: state.rows_per_source == 1.
+// REQUIRES: one decoder row per encoder row (G = 1).
 void ReorderDecoderState(DecoderState& state, const torch::Tensor& index);
 // Selects rows of the self-attention keys and values only, for a reorder that keeps every row's
 // encoder states: REQUIRES row index[i] and row i to read the same encoder row (as beam
@@ -219,7 +217,7 @@ void ReorderDecoderState(DecoderState& state, const torch::Tensor& index);
 void ReorderSelfAttentionState(DecoderState& state, const torch::Tensor& index);
 // Selects encoder rows (the cross-attention keys, values and padding mask): index [new_sources]
 // int64 into the current ones. The caller reorders the decoder rows to match, in groups of
-// rows_per_source.
+// G.
 void SelectEncoderStates(DecoderState& state, const torch::Tensor& index);
 
 // fairseq's sinusoidal table: [num_embeddings, dim], row pad_id zero.

@@ -141,7 +141,7 @@ TEST(TransformerTest, ReorderedDecoderStateContinuesTheSelectedRows) {
   }
 }
 
-// A beam's rows reading one copy of their sentence's encoder states (rows_per_source = 3) decode
+// A beam's rows reading one copy of their sentence's encoder states (3 rows per sentence) decode
 // what rows with a copy each decode, also after a sentence leaves and the rest are reordered.
 TEST(TransformerTest, SharedEncoderStatesEqualOneCopyPerRow) {
   torch::NoGradGuard no_grad;
@@ -149,7 +149,7 @@ TEST(TransformerTest, SharedEncoderStatesEqualOneCopyPerRow) {
   constexpr int64_t kBeam = 3;
   EncoderOutput encoder_out = model->Encode(RandomSources({6, 3, 5}, 40));
   const torch::Tensor expand = torch::arange(3, torch::kLong).repeat_interleave(kBeam);
-  DecoderState shared = model->InitDecoderState(encoder_out, kBeam);
+  DecoderState shared = model->InitDecoderState(encoder_out);
   DecoderState copied = model->InitDecoderState(encoder_out);
   ReorderDecoderState(copied, expand);
   torch::manual_seed(5);
