@@ -111,6 +111,8 @@ class IvfAdc {
   bool ListBounds(int64_t list, float x_norm, double query_norm,
                   const adc_internal::LutQuantization& query_bounds,
                   adc_internal::LutQuantization* bounds) const;
+  // Asks for the cache lines of `list`'s biases (read by BiasSteps once per row scanning it).
+  void PrefetchBiases(int64_t list) const;
   // Each vector's b of `list` in table steps of `step` above the list's smallest b, then zeros
   // up to a whole block.
   void BiasSteps(int64_t list, double step, adc_internal::AlignedVector<uint16_t>& out) const;
