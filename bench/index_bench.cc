@@ -12,6 +12,16 @@
 //   c) beam sharing: 5 queries sharing one subset vs 1 query.
 //
 //   index_bench --rows 1000000 --dim 512 --threads 2 [--skip-ivf] [--adc-codes 8000000]
+//
+//   d) replay (instead of a-c): real decoder states searched in a built index directory through
+//      the engine the embedded mode and the shard servers run (CreateLocalEngine), in calls of a
+//      decoding step's rows; microseconds per query row, best and median of several passes.
+//      Teacher-forced states of the dev set stand in for the decoder's queries:
+//
+//   knnserve datastore values --corpus dev.tsv --model M --out DEV
+//   knnserve datastore keys --out DEV --model M
+//   index_bench --replay-index runs/knn-demo/datastore/index --replay-queries DEV/keys.h5 \
+//       --replay-rows 20000 --batch 177 --k 32 --nprobe 8 --threads 1
 #include <omp.h>
 
 #include <algorithm>
@@ -28,10 +38,14 @@
 #include "CLI/CLI.hpp"
 #include "bench/bench_timing.h"
 #include "common/adc/subset_adc.h"
+#include "common/datastore/hdf5_datastore.h"
 #include "common/files.h"
 #include "common/index/faiss_index.h"
+#include "common/index/index_engine.h"
 #include "common/process_init.h"
 #include "common/progress.h"
+#include "common/request.h"
+#include "common/wire.h"
 #include "faiss/IndexIVF.h"
 #include "faiss/IndexPQ.h"
 #include "faiss/impl/ProductQuantizer.h"
@@ -410,6 +424,67 @@ void BenchAdc(int64_t vectors, int dim, int m, int threads) {
   }
 }
 
+struct ReplayOptions {
+  std::string index_dir;
+  std::string queries;  // keys.h5
+  int64_t rows = 20000;
+  int batch = 177;  // the demo's query rows per step at batch 64, beam 5
+  int k = 32;
+  int nprobe = 0;   // --nprobe
+  int threads = 1;  // --threads
+  int repeats = 5;
+};
+
+// The queries of `o`, one validated SearchQuery per call of o.batch rows (as a server or the
+// embedded retriever parses a step's request).
+std::vector<SearchQuery> ReplayCalls(const ReplayOptions& o, const SearchEngine& engine) {
+  absl::StatusOr<std::unique_ptr<Hdf5KeySource>> source = Hdf5KeySource::Open(o.queries);
+  Check(source.status());
+  const int64_t rows = std::min(o.rows, (*source)->rows());
+  RequestLimits limits;
+  limits.max_rows = o.batch;
+  std::vector<SearchQuery> calls;
+  Matrix<float> block(o.batch, (*source)->dim());
+  for (int64_t first = 0; first < rows; first += o.batch) {
+    const int64_t count = std::min<int64_t>(o.batch, rows - first);
+    Check((*source)->Read(first, first + count, block.data()));
+    v1::SearchRequest request;
+    EncodeMatrix(MatrixView<const float>(block.data(), count, block.cols()), v1::DTYPE_FP32,
+                 request.mutable_queries());
+    request.mutable_params()->set_k(o.k);
+    request.mutable_params()->set_nprobe(o.nprobe);
+    absl::StatusOr<SearchQuery> query = ParseSearchRequest(request, engine.info().shape(), limits);
+    Check(query.status());
+    calls.push_back(*std::move(query));
+  }
+  return calls;
+}
+
+void BenchReplay(const ReplayOptions& o) {
+  IndexEngineOptions options;
+  options.threads = o.threads;
+  absl::StatusOr<std::unique_ptr<SearchEngine>> engine = CreateLocalEngine(o.index_dir, options);
+  Check(engine.status());
+  const std::vector<SearchQuery> calls = ReplayCalls(o, **engine);
+  int64_t rows = 0;
+  for (const SearchQuery& call : calls) rows += call.queries.rows();
+  std::vector<double> seconds;
+  for (int r = 0; r <= o.repeats; ++r) {  // pass 0 warms the caches and the scratch
+    const auto t0 = Clock::now();
+    for (const SearchQuery& call : calls) Check((*engine)->Search(call).status());
+    if (r > 0) seconds.push_back(Seconds(t0, Clock::now()));
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double per_row = 1e6 / static_cast<double>(rows);
+  std::printf("\n### d) replay: %lld query rows of %s, %zu calls of up to %d rows\n\n",
+              static_cast<long long>(rows), o.queries.c_str(), calls.size(), o.batch);
+  std::printf("| index | k | nprobe | threads | best us/row | median us/row | passes |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %d | %d | %d | %.1f | %.1f | %zu |\n", o.index_dir.c_str(), o.k, o.nprobe,
+              o.threads, seconds.front() * per_row, seconds[seconds.size() / 2] * per_row,
+              seconds.size());
+}
+
 }  // namespace
 }  // namespace knnserve
 
@@ -439,7 +514,33 @@ int main(int argc, char** argv) {
   app.add_option("--adc-m", adc_m)->capture_default_str();
   app.add_flag("--skip-ivf", skip_ivf);
   app.add_flag("--skip-adc", skip_adc);
+  knnserve::ReplayOptions replay;
+  app.add_option("--replay-index", replay.index_dir,
+                 "d) only: search this index directory with --replay-queries");
+  app.add_option("--replay-queries", replay.queries, "keys.h5 whose rows are the replayed queries");
+  app.add_option("--replay-rows", replay.rows, "first rows of --replay-queries")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch", replay.batch, "replay: query rows per call")
+      ->check(CLI::Range(1, knnserve::RequestLimits().max_rows))
+      ->capture_default_str();
+  app.add_option("--k", replay.k, "replay: neighbours")
+      ->check(CLI::Range(1, knnserve::RequestLimits().max_k))
+      ->capture_default_str();
+  app.add_option("--repeats", replay.repeats, "replay: timed passes over the queries")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!replay.index_dir.empty() || !replay.queries.empty()) {
+    if (replay.index_dir.empty() || replay.queries.empty()) {
+      std::fprintf(stderr, "error: --replay-index and --replay-queries go together\n");
+      return 1;
+    }
+    replay.nprobe = nprobe;
+    replay.threads = threads;
+    knnserve::BenchReplay(replay);
+    return 0;
+  }
   if (!skip_adc) knnserve::BenchAdc(adc_codes, adc_dim, adc_m, threads);
   if (!skip_ivf) knnserve::BenchIvfPq(rows, dim, threads, train_size, factory, nprobe);
   return 0;
