@@ -441,6 +441,10 @@ std::vector<SearchQuery> ReplayCalls(const ReplayOptions& o, const SearchEngine&
   absl::StatusOr<std::unique_ptr<Hdf5KeySource>> source = Hdf5KeySource::Open(o.queries);
   Check(source.status());
   const int64_t rows = std::min(o.rows, (*source)->rows());
+  if (rows == 0) {
+    std::fprintf(stderr, "error: %s holds no rows to replay\n", o.queries.c_str());
+    std::exit(1);
+  }
   RequestLimits limits;
   limits.max_rows = o.batch;
   std::vector<SearchQuery> calls;
