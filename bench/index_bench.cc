@@ -447,16 +447,17 @@ std::vector<SearchQuery> ReplayCalls(const ReplayOptions& o, const SearchEngine&
   }
   RequestLimits limits;
   limits.max_rows = o.batch;
+  SearchParams params;
+  params.k = o.k;
+  params.nprobe = o.nprobe;
   std::vector<SearchQuery> calls;
   Matrix<float> block(o.batch, (*source)->dim());
   for (int64_t first = 0; first < rows; first += o.batch) {
     const int64_t count = std::min<int64_t>(o.batch, rows - first);
     Check((*source)->Read(first, first + count, block.data()));
     v1::SearchRequest request;
-    EncodeMatrix(MatrixView<const float>(block.data(), count, block.cols()), v1::DTYPE_FP32,
-                 request.mutable_queries());
-    request.mutable_params()->set_k(o.k);
-    request.mutable_params()->set_nprobe(o.nprobe);
+    EncodeSearchRequest(MatrixView<const float>(block.data(), count, block.cols()), v1::DTYPE_FP32,
+                        params, &request);
     absl::StatusOr<SearchQuery> query = ParseSearchRequest(request, engine.info().shape(), limits);
     Check(query.status());
     calls.push_back(*std::move(query));

@@ -152,8 +152,9 @@ SearchQuery Query(const Flags& flags, uint32_t seed) {
 }
 
 v1::SearchRequest Request(const Flags& flags, uint32_t seed) {
-  v1::SearchRequest request = testing::MakeRequest(Query(flags, seed).queries, flags.k);
-  request.mutable_params()->set_nprobe(flags.nprobe);
+  const SearchQuery query = Query(flags, seed);
+  v1::SearchRequest request;
+  EncodeSearchRequest(query.queries.view(), v1::DTYPE_FP32, query.params, &request);
   return request;
 }
 

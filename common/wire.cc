@@ -80,6 +80,18 @@ void EncodeMatrix(MatrixView<const float> m, v1::DType dtype, v1::Matrix* packed
   }
 }
 
+void EncodeParams(const SearchParams& params, v1::SearchParams* packed) {
+  packed->set_k(params.k);
+  packed->set_nprobe(params.nprobe);
+  packed->set_ef_search(params.ef_search);
+}
+
+void EncodeSearchRequest(MatrixView<const float> queries, v1::DType dtype,
+                         const SearchParams& params, v1::SearchRequest* request) {
+  EncodeMatrix(queries, dtype, request->mutable_queries());
+  EncodeParams(params, request->mutable_params());
+}
+
 void EncodeNeighbors(const Neighbors& neighbors, v1::SearchResponse* response) {
   response->set_rows(neighbors.rows);
   response->set_k(neighbors.k);

@@ -29,6 +29,14 @@ absl::StatusOr<Matrix<float>> DecodeMatrix(const v1::Matrix& packed, absl::strin
 // Packs `m` as `dtype` (fp16 rounds to nearest even). REQUIRES: dtype is FP32 or FP16.
 void EncodeMatrix(MatrixView<const float> m, v1::DType dtype, v1::Matrix* packed);
 
+// Sets `packed`'s k, nprobe and ef_search from `params`: what ParseSearchRequest reads back.
+void EncodeParams(const SearchParams& params, v1::SearchParams* packed);
+
+// Fills `request`'s queries (`queries` packed as `dtype`, see EncodeMatrix) and params; leaves
+// row groups, subset, request id and allow_partial alone.
+void EncodeSearchRequest(MatrixView<const float> queries, v1::DType dtype,
+                         const SearchParams& params, v1::SearchRequest* request);
+
 // Fills the result fields of `response` (rows, k, distances, ids, values); leaves coverage,
 // request_id and error fields alone.
 void EncodeNeighbors(const Neighbors& neighbors, v1::SearchResponse* response);

@@ -48,9 +48,7 @@ ShardRequest MakeShardRequest(SearchQuery* query, bool use_sessions) {
   } else {
     EncodeMatrix(query->queries.view(), query->queries_dtype, request->mutable_queries());
   }
-  request->mutable_params()->set_k(query->params.k);
-  request->mutable_params()->set_nprobe(query->params.nprobe);
-  request->mutable_params()->set_ef_search(query->params.ef_search);
+  EncodeParams(query->params, request->mutable_params());
   request->set_request_id(query->request_id);
   if (!query->is_subset()) return {std::move(request), nullptr};
   request->mutable_row_group()->Assign(query->row_group.begin(), query->row_group.end());

@@ -190,11 +190,8 @@ void RunSearch(const SearchFlags& f) {
     ExitOnError(source->Read(first, first + count, queries.data()));
     // Checked as a server checks a request: dimension, finite values, k, ids of the subset.
     v1::SearchRequest request;
-    EncodeMatrix(MatrixView<const float>(queries.data(), count, queries.cols()), v1::DTYPE_FP32,
-                 request.mutable_queries());
-    request.mutable_params()->set_k(f.params.k);
-    request.mutable_params()->set_nprobe(f.params.nprobe);
-    request.mutable_params()->set_ef_search(f.params.ef_search);
+    EncodeSearchRequest(MatrixView<const float>(queries.data(), count, queries.cols()),
+                        v1::DTYPE_FP32, f.params, &request);
     if (f.subset_given) {
       request.add_subset_groups()->mutable_sentence_ids()->Assign(subset.begin(), subset.end());
       for (int64_t r = 0; r < count; ++r) request.add_row_group(0);

@@ -23,10 +23,7 @@ class LocalSession : public RetrievalSession {
                                    const std::vector<int32_t>& row_group,
                                    const SearchParams& params) override {
     v1::SearchRequest request;
-    EncodeMatrix(queries, v1::DTYPE_FP32, request.mutable_queries());
-    request.mutable_params()->set_k(params.k);
-    request.mutable_params()->set_nprobe(params.nprobe);
-    request.mutable_params()->set_ef_search(params.ef_search);
+    EncodeSearchRequest(queries, v1::DTYPE_FP32, params, &request);
     request.mutable_row_group()->Assign(row_group.begin(), row_group.end());
     ASSIGN_OR_RETURN(SearchQuery query,
                      ParseSearchRequest(request, engine_->info().shape(), *limits_, {groups_}));

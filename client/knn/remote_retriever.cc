@@ -98,11 +98,8 @@ class RemoteSession : public RetrievalSession {
                                    const SearchParams& params) override {
     v1::StreamRequest message;
     v1::SearchRequest* step = message.mutable_step();
-    EncodeMatrix(queries, options_->fp16_queries ? v1::DTYPE_FP16 : v1::DTYPE_FP32,
-                 step->mutable_queries());
-    step->mutable_params()->set_k(params.k);
-    step->mutable_params()->set_nprobe(params.nprobe);
-    step->mutable_params()->set_ef_search(params.ef_search);
+    EncodeSearchRequest(queries, options_->fp16_queries ? v1::DTYPE_FP16 : v1::DTYPE_FP32, params,
+                        step);
     step->mutable_row_group()->Assign(row_group.begin(), row_group.end());
     step->set_allow_partial(options_->allow_partial);
     step->set_request_id(absl::StrCat("knn-", id_, "-", steps_++));

@@ -49,9 +49,10 @@ absl::StatusOr<SubsetGroups> SentenceIndexSelector::Select(
                      info.dim, ": was it built with this model?"));
   }
   v1::SearchRequest request;
-  EncodeMatrix({embeddings.data_ptr<float>(), embeddings.size(0), embeddings.size(1)},
-               v1::DTYPE_FP32, request.mutable_queries());
-  request.mutable_params()->set_k(static_cast<int>(std::min<int64_t>(n_, info.total_vectors)));
+  SearchParams params;
+  params.k = static_cast<int>(std::min<int64_t>(n_, info.total_vectors));
+  EncodeSearchRequest({embeddings.data_ptr<float>(), embeddings.size(0), embeddings.size(1)},
+                      v1::DTYPE_FP32, params, &request);
   ASSIGN_OR_RETURN(SearchQuery query, ParseSearchRequest(request, {info.dim, 0}, limits_));
   ASSIGN_OR_RETURN(EngineResult nearest, index_->Search(query));
   const Neighbors& n = nearest.neighbors;

@@ -50,6 +50,23 @@ TEST(ParseSearchRequest, AcceptsAFullSearch) {
   EXPECT_FALSE(query.is_subset());
 }
 
+TEST(ParseSearchRequest, ReadsBackWhatEncodeSearchRequestWrote) {
+  Matrix<float> queries(2, kDim);
+  for (int64_t i = 0; i < queries.size(); ++i) queries.data()[i] = 0.5f - 0.0625f * i;
+  SearchParams params;
+  params.k = 7;
+  params.nprobe = 3;
+  params.ef_search = 40;
+  v1::SearchRequest request;
+  EncodeSearchRequest(queries.view(), v1::DTYPE_FP32, params, &request);
+  ASSERT_OK_AND_ASSIGN(SearchQuery query, ParseSearchRequest(request, kShape, kLimits));
+  EXPECT_EQ(query.queries, queries);
+  EXPECT_EQ(query.params.k, 7);
+  EXPECT_EQ(query.params.nprobe, 3);
+  EXPECT_EQ(query.params.ef_search, 40);
+  EXPECT_FALSE(query.is_subset());
+}
+
 TEST(ParseSearchRequest, PackedFormKeepsTheQueriesAsTheyCame) {
   for (const v1::DType dtype : {v1::DTYPE_FP32, v1::DTYPE_FP16}) {
     v1::SearchRequest request = ValidSubsetRequest();
