@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "client/model/attention.h"
+#include "common/check.h"
 
 namespace knnserve::model {
 namespace {
@@ -383,6 +384,13 @@ torch::Tensor AverageEncoderStates(const EncoderOutput& encoder_out) {
 }
 
 void ReorderDecoderState(DecoderState& state, const torch::Tensor& index) {
+  // With G > 1 the same index would pick encoder rows by decoder row numbers: wrong sentences,
+  // or an index_select out of range, far from the caller that broke the contract.
+  for (const DecoderState::Layer& layer : state.layers) {
+    KNNSERVE_CHECK(!layer.self_k.defined() || !layer.enc_k.defined() ||
+                       layer.self_k.size(0) == layer.enc_k.size(0),
+                   "ReorderDecoderState REQUIRES one decoder row per encoder row");
+  }
   ReorderSelfAttentionState(state, index);
   SelectEncoderStates(state, index);
 }

@@ -171,6 +171,18 @@ TEST(TransformerTest, SharedEncoderStatesEqualOneCopyPerRow) {
   EXPECT_LT((a.logits - b.logits).abs().max().item<float>(), 1e-5);
 }
 
+// ReorderDecoderState would pick encoder rows by decoder row numbers in a shared state: refused.
+TEST(TransformerDeathTest, ReorderOfASharedEncoderStateIsRefused) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  torch::NoGradGuard no_grad;
+  TransformerModel model = TinyModel();
+  EncoderOutput encoder_out = model->Encode(RandomSources({6, 3}, 40));
+  DecoderState shared = model->InitDecoderState(encoder_out);
+  model->DecodeStep(torch::tensor({4, 5, 6, 7}, torch::kLong), encoder_out, shared);  // G = 2
+  EXPECT_DEATH(ReorderDecoderState(shared, torch::tensor({3, 2, 1, 0}, torch::kLong)),
+               "one decoder row per encoder row");
+}
+
 // The reference: softmax(q kᵀ) v through matmul, masked keys at −inf.
 torch::Tensor MatmulAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask) {
