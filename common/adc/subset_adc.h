@@ -96,8 +96,10 @@ class SubsetAdc : public SubsetSearcher {
   // Returns rows x k neighbours in RanksBefore order with global token ids; distances are the
   // ADC approximations (squared L2 or inner product in the transformed space).
   // REQUIRES: groups != nullptr. The subsets packed for the groups stay cached while some caller
-  // still holds `groups` (a session's: pass the same pointer at every step) or a later call
-  // finds them again; once no one holds them they are dropped by the next calls that pack.
+  // still holds `groups` (a session's: pass the same pointer at every step), or while calls with
+  // equal groups under other pointers (a unary client's requests) find them between two sweeps
+  // of the cache (which run every eighth of its entries packed); otherwise they are dropped by
+  // the next sweep once nobody holds them.
   absl::StatusOr<SubsetResult> SearchSubset(MatrixView<const float> queries,
                                             const std::shared_ptr<const SubsetGroups>& groups,
                                             absl::Span<const int32_t> row_group,

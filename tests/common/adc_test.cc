@@ -805,12 +805,52 @@ TEST(SubsetAdc, DropsThePackedSubsetsOfGroupsNobodyHolds) {
   ASSERT_OK(search(*adc, first));
   EXPECT_EQ(adc->packed_bytes_cached(), both_bytes);  // and found again, nothing packed anew
 
-  first.reset();  // the first session ends
+  first.reset();  // the first session ends, after a step that found its subsets again
   const std::shared_ptr<const SubsetGroups> third = ShareGroups({{190, 191, 192}});
   ASSERT_OK(search(*adc, third));
   ASSERT_OK_AND_ASSIGN(auto alone, create());
   ASSERT_OK(search(*alone, third));
   EXPECT_EQ(adc->packed_bytes_cached(), both_bytes - first_bytes + alone->packed_bytes_cached());
+}
+
+// A unary client sends equal groups anew with every request (nobody holds them in between): its
+// subsets stay cached while it comes back between two sweeps, which other callers' packing runs.
+TEST(SubsetAdc, KeepsTheSubsetsOfGroupsSentAgainWithEveryRequest) {
+  PqFixture f;
+  const std::vector<int64_t> offsets = MakeSentencePq(f, 3);
+  PqCodebook codebook{8, 4, f.index.pq.centroids};
+  auto create = [&] {
+    return SubsetAdc::Create(codebook, Metric::kL2, {8, 0, 0, offsets, f.index.codes},
+                             {1, AdcKernel::kQuantizedScalar, size_t{256} << 20});
+  };
+  auto search = [&](const SubsetAdc& engine, const std::shared_ptr<const SubsetGroups>& groups) {
+    const std::vector<int32_t> row_group(3, 0);
+    return engine.SearchSubset({f.queries.data(), 3, 32}, groups, row_group, 5).status();
+  };
+  auto bytes_alone = [&](const SubsetGroups& groups) {
+    auto alone = create();
+    EXPECT_OK(alone.status());
+    EXPECT_OK(search(**alone, ShareGroups(groups)));
+    return (*alone)->packed_bytes_cached();
+  };
+  ASSERT_OK_AND_ASSIGN(auto adc, create());
+  const SubsetGroups unary = {{3, 4, 5, 6}};
+  const size_t unary_bytes = bytes_alone(unary);
+  size_t sessions_bytes = 0;
+  std::vector<std::shared_ptr<const SubsetGroups>> sessions;  // held: never dropped
+  ASSERT_OK(search(*adc, ShareGroups(unary)));
+  for (int64_t i = 0; i < 4; ++i) {
+    ASSERT_OK(search(*adc, ShareGroups(unary)));  // found under another pointer: a second chance
+    sessions.push_back(ShareGroups({{100 + i, 120 + i}}));
+    ASSERT_OK(search(*adc, sessions.back()));  // packs: a sweep
+    sessions_bytes += bytes_alone(*sessions.back());
+    EXPECT_EQ(adc->packed_bytes_cached(), unary_bytes + sessions_bytes) << "request " << i;
+  }
+  // The client stops: the next sweep drops its subsets.
+  sessions.push_back(ShareGroups({{150, 151}}));
+  ASSERT_OK(search(*adc, sessions.back()));
+  sessions_bytes += bytes_alone(*sessions.back());
+  EXPECT_EQ(adc->packed_bytes_cached(), sessions_bytes);
 }
 
 // IVF-PQ lists with random codebooks and codes (the search is exact whatever the training):
