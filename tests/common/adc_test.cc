@@ -778,78 +778,74 @@ TEST(SubsetAdc, PackedSubsetCacheChangesNoAnswer) {
   }
 }
 
+// Subset engines with a packed-subset cache over one seeded fixture, for the cache's tests.
+struct CachedSubsets {
+  PqFixture f;
+  std::vector<int64_t> offsets = MakeSentencePq(f, 3);
+
+  absl::StatusOr<std::unique_ptr<SubsetAdc>> Create() const {
+    return SubsetAdc::Create(PqCodebook{8, 4, f.index.pq.centroids}, Metric::kL2,
+                             {8, 0, 0, offsets, f.index.codes},
+                             {1, AdcKernel::kQuantizedScalar, size_t{256} << 20});
+  }
+  // Three query rows: the first and last of them search the first group, the middle the last.
+  absl::Status Search(const SubsetAdc& engine,
+                      const std::shared_ptr<const SubsetGroups>& groups) const {
+    const std::vector<int32_t> row_group = {0, static_cast<int32_t>(groups->size()) - 1, 0};
+    return engine.SearchSubset({f.queries.data(), 3, 32}, groups, row_group, 5).status();
+  }
+  // What a fresh engine caches for one search of `groups`.
+  size_t BytesAlone(const SubsetGroups& groups) const {
+    absl::StatusOr<std::unique_ptr<SubsetAdc>> alone = Create();
+    EXPECT_OK(alone.status());
+    EXPECT_OK(Search(**alone, ShareGroups(groups)));
+    return (*alone)->packed_bytes_cached();
+  }
+};
+
 // A session's packed subsets stay cached while its groups are held, and once nobody holds them
 // the next subsets packed take their place instead of growing the cache towards its bound.
 TEST(SubsetAdc, DropsThePackedSubsetsOfGroupsNobodyHolds) {
-  PqFixture f;
-  const std::vector<int64_t> offsets = MakeSentencePq(f, 3);
-  PqCodebook codebook{8, 4, f.index.pq.centroids};
-  auto create = [&] {
-    return SubsetAdc::Create(codebook, Metric::kL2, {8, 0, 0, offsets, f.index.codes},
-                             {1, AdcKernel::kQuantizedScalar, size_t{256} << 20});
-  };
-  ASSERT_OK_AND_ASSIGN(auto adc, create());
-  auto search = [&](const SubsetAdc& engine, const std::shared_ptr<const SubsetGroups>& groups) {
-    const std::vector<int32_t> row_group = {0, static_cast<int32_t>(groups->size()) - 1, 0};
-    return engine.SearchSubset({f.queries.data(), 3, 32}, groups, row_group, 5).status();
-  };
-
+  const CachedSubsets c;
+  ASSERT_OK_AND_ASSIGN(auto adc, c.Create());
   std::shared_ptr<const SubsetGroups> first = ShareGroups({{1, 5, 9}, {40, 41, 42, 43}});
-  ASSERT_OK(search(*adc, first));
+  ASSERT_OK(c.Search(*adc, first));
   const size_t first_bytes = adc->packed_bytes_cached();
   EXPECT_GT(first_bytes, 0);
   const std::shared_ptr<const SubsetGroups> second = ShareGroups({{100, 101}, {7, 150}});
-  ASSERT_OK(search(*adc, second));
+  ASSERT_OK(c.Search(*adc, second));
   const size_t both_bytes = adc->packed_bytes_cached();
   EXPECT_GT(both_bytes, first_bytes);  // the first session's subsets are kept while it lasts
-  ASSERT_OK(search(*adc, first));
+  ASSERT_OK(c.Search(*adc, first));
   EXPECT_EQ(adc->packed_bytes_cached(), both_bytes);  // and found again, nothing packed anew
 
   first.reset();  // the first session ends, after a step that found its subsets again
-  const std::shared_ptr<const SubsetGroups> third = ShareGroups({{190, 191, 192}});
-  ASSERT_OK(search(*adc, third));
-  ASSERT_OK_AND_ASSIGN(auto alone, create());
-  ASSERT_OK(search(*alone, third));
-  EXPECT_EQ(adc->packed_bytes_cached(), both_bytes - first_bytes + alone->packed_bytes_cached());
+  const SubsetGroups third = {{190, 191, 192}};
+  ASSERT_OK(c.Search(*adc, ShareGroups(third)));
+  EXPECT_EQ(adc->packed_bytes_cached(), both_bytes - first_bytes + c.BytesAlone(third));
 }
 
 // A unary client sends equal groups anew with every request (nobody holds them in between): its
 // subsets stay cached while it comes back between two sweeps, which other callers' packing runs.
 TEST(SubsetAdc, KeepsTheSubsetsOfGroupsSentAgainWithEveryRequest) {
-  PqFixture f;
-  const std::vector<int64_t> offsets = MakeSentencePq(f, 3);
-  PqCodebook codebook{8, 4, f.index.pq.centroids};
-  auto create = [&] {
-    return SubsetAdc::Create(codebook, Metric::kL2, {8, 0, 0, offsets, f.index.codes},
-                             {1, AdcKernel::kQuantizedScalar, size_t{256} << 20});
-  };
-  auto search = [&](const SubsetAdc& engine, const std::shared_ptr<const SubsetGroups>& groups) {
-    const std::vector<int32_t> row_group(3, 0);
-    return engine.SearchSubset({f.queries.data(), 3, 32}, groups, row_group, 5).status();
-  };
-  auto bytes_alone = [&](const SubsetGroups& groups) {
-    auto alone = create();
-    EXPECT_OK(alone.status());
-    EXPECT_OK(search(**alone, ShareGroups(groups)));
-    return (*alone)->packed_bytes_cached();
-  };
-  ASSERT_OK_AND_ASSIGN(auto adc, create());
+  const CachedSubsets c;
+  ASSERT_OK_AND_ASSIGN(auto adc, c.Create());
   const SubsetGroups unary = {{3, 4, 5, 6}};
-  const size_t unary_bytes = bytes_alone(unary);
+  const size_t unary_bytes = c.BytesAlone(unary);
   size_t sessions_bytes = 0;
   std::vector<std::shared_ptr<const SubsetGroups>> sessions;  // held: never dropped
-  ASSERT_OK(search(*adc, ShareGroups(unary)));
+  ASSERT_OK(c.Search(*adc, ShareGroups(unary)));
   for (int64_t i = 0; i < 4; ++i) {
-    ASSERT_OK(search(*adc, ShareGroups(unary)));  // found under another pointer: a second chance
+    ASSERT_OK(c.Search(*adc, ShareGroups(unary)));  // found under another pointer: a second chance
     sessions.push_back(ShareGroups({{100 + i, 120 + i}}));
-    ASSERT_OK(search(*adc, sessions.back()));  // packs: a sweep
-    sessions_bytes += bytes_alone(*sessions.back());
+    ASSERT_OK(c.Search(*adc, sessions.back()));  // packs: a sweep
+    sessions_bytes += c.BytesAlone(*sessions.back());
     EXPECT_EQ(adc->packed_bytes_cached(), unary_bytes + sessions_bytes) << "request " << i;
   }
   // The client stops: the next sweep drops its subsets.
   sessions.push_back(ShareGroups({{150, 151}}));
-  ASSERT_OK(search(*adc, sessions.back()));
-  sessions_bytes += bytes_alone(*sessions.back());
+  ASSERT_OK(c.Search(*adc, sessions.back()));
+  sessions_bytes += c.BytesAlone(*sessions.back());
   EXPECT_EQ(adc->packed_bytes_cached(), sessions_bytes);
 }
 
