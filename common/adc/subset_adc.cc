@@ -209,7 +209,7 @@ class SubsetAdc::PackedCache {
     }
     if (const auto it = index_.find(key); it != index_.end()) dropped.push_back(Erase(it->second));
     used_ += packed->bytes();
-    lru_.push_front({key, std::move(packed), owner, /*changed_hands_since_sweep=*/false});
+    lru_.push_front({key, std::move(packed), owner});
     index_[key] = lru_.begin();
     while (used_ > capacity_) dropped.push_back(Erase(std::prev(lru_.end())));
   }

@@ -154,9 +154,10 @@ Matrix<float> RandomQueries(int64_t rows, int dim, uint32_t seed) {
 }
 
 v1::SearchRequest MakeRequest(const Matrix<float>& queries, int k) {
+  SearchParams params;
+  params.k = k;
   v1::SearchRequest request;
-  EncodeMatrix(queries.view(), v1::DTYPE_FP32, request.mutable_queries());
-  request.mutable_params()->set_k(k);
+  EncodeSearchRequest(queries.view(), v1::DTYPE_FP32, params, &request);
   return request;
 }
 
